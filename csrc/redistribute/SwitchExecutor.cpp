@@ -1,0 +1,231 @@
+#include "redistribute/SwitchExecutor.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "common/Check.h"
+#include "common/Logging.h"
+
+namespace hotswitch {
+
+at::ScalarType toScalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat64: return at::kDouble;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kInt64: return at::kLong;
+    case DType::kInt32: return at::kInt;
+  }
+  return at::kFloat;
+}
+
+namespace {
+
+at::Tensor view(const at::Tensor& flat, const Box& box, const Shape& strides, int64_t offset) {
+  return flat.as_strided(box.sizes(), strides, flat.storage_offset() + offset);
+}
+
+// Byte offsets of each segment in the packed message; each segment starts aligned to its
+// element size so that it can be viewed in its dtype.
+std::vector<int64_t> packOffsets(const RedistributionPlan& plan, const Message& m, int64_t* total) {
+  std::vector<int64_t> offsets;
+  int64_t at = 0;
+  for (const Segment& s : m.segments) {
+    int64_t elem = plan.elementSizes[s.tensor];
+    at = (at + elem - 1) / elem * elem;
+    offsets.push_back(at);
+    at += plan.segmentBytes(s);
+  }
+  *total = at;
+  return offsets;
+}
+
+at::Tensor packedView(const at::Tensor& bytes, int64_t offset, const Segment& s, int64_t elem,
+                      at::ScalarType type) {
+  return bytes.narrow(0, offset, s.numel() * elem).view(type).view(s.box.sizes());
+}
+
+// Segment s restricted to the sub-box `box`.
+Segment restrict(const Segment& s, const Box& box) {
+  Segment out = s;
+  out.box = box;
+  for (size_t d = 0; d < box.ndim(); ++d) {
+    out.srcOffset += (box.lo[d] - s.box.lo[d]) * s.srcStrides[d];
+    out.dstOffset += (box.lo[d] - s.box.lo[d]) * s.dstStrides[d];
+  }
+  return out;
+}
+
+}  // namespace
+
+SwitchExecutor::SwitchExecutor(std::shared_ptr<Transport> transport)
+    : transport_(std::move(transport)) {
+  HS_CHECK(transport_ != nullptr, "SwitchExecutor needs a transport");
+}
+
+std::vector<std::vector<Message>> SwitchExecutor::rounds(const RedistributionPlan& plan,
+                                                         int64_t maxBufferBytes) {
+  HS_CHECK(maxBufferBytes >= 0, "max_buffer_bytes must be >= 0, got ", maxBufferBytes);
+  if (maxBufferBytes == 0) return {plan.messages};
+  int64_t largestElement = 1;
+  for (int64_t e : plan.elementSizes) largestElement = std::max(largestElement, e);
+  // Room for alignment padding between segments.
+  const int64_t room = maxBufferBytes - largestElement;
+  HS_CHECK(room >= largestElement, "max_buffer_bytes(", maxBufferBytes,
+           ") must be at least twice the largest element size(", largestElement, ")");
+
+  std::vector<std::vector<Message>> out;
+  std::vector<std::vector<int64_t>> load;  // per round, per rank: send + receive bytes
+  auto place = [&](const Message& m, const Segment& s, int64_t bytes) {
+    int64_t need = bytes + plan.elementSizes[s.tensor];  // worst-case alignment padding
+    size_t r = 0;
+    for (; r < out.size(); ++r) {
+      if (load[r][m.src] + need <= maxBufferBytes && load[r][m.dst] + need <= maxBufferBytes) break;
+    }
+    if (r == out.size()) {
+      out.emplace_back();
+      load.emplace_back(plan.world, 0);
+    }
+    load[r][m.src] += need;
+    load[r][m.dst] += need;
+    auto& round = out[r];
+    if (round.empty() || round.back().src != m.src || round.back().dst != m.dst) {
+      auto it = std::find_if(round.begin(), round.end(),
+                             [&](const Message& x) { return x.src == m.src && x.dst == m.dst; });
+      if (it == round.end()) {
+        round.push_back(Message{m.src, m.dst, {}, 0});
+        it = round.end() - 1;
+      }
+      it->segments.push_back(s);
+      it->bytes += bytes;
+      return;
+    }
+    round.back().segments.push_back(s);
+    round.back().bytes += bytes;
+  };
+  for (const Message& m : plan.messages) {
+    for (const Segment& s : m.segments) {
+      const int64_t elem = plan.elementSizes[s.tensor];
+      const int64_t maxElems = (room - elem) / elem;
+      if (s.numel() <= maxElems) {
+        place(m, s, plan.segmentBytes(s));
+        continue;
+      }
+      Shape sizes = s.box.sizes();
+      for (int64_t b = 0; b < s.numel(); b += maxElems) {
+        for (Box sub : flatRangeBoxes(sizes, b, std::min(s.numel(), b + maxElems))) {
+          for (size_t d = 0; d < sub.ndim(); ++d) {
+            sub.lo[d] += s.box.lo[d];
+            sub.hi[d] += s.box.lo[d];
+          }
+          Segment part = restrict(s, sub);
+          place(m, part, plan.segmentBytes(part));
+        }
+      }
+    }
+  }
+  if (out.empty()) out.emplace_back();
+  return out;
+}
+
+SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vector<at::Tensor>& src,
+                                 const SwitchOptions& options) {
+  const int me = transport_->rank();
+  HS_CHECK(transport_->size() == plan.world, "transport has ", transport_->size(),
+           " ranks but the plan is for world ", plan.world);
+  const auto& srcSpecs = plan.srcBuffers[me];
+  HS_CHECK(src.size() == srcSpecs.size(), "rank ", me, " passed ", src.size(),
+           " source buffers, the plan expects ", srcSpecs.size());
+  HS_CHECK(options.timeout.count() > 0, "timeout must be > 0 ms, got ", options.timeout.count());
+  at::Device device = src.empty() ? at::Device(at::kCPU) : src.front().device();
+  std::vector<at::Tensor> flatSrc;
+  for (size_t i = 0; i < src.size(); ++i) {
+    HS_CHECK(src[i].defined(), "source buffer ", i, " is undefined");
+    HS_CHECK(src[i].numel() == srcSpecs[i].numel(), "source buffer ", i, " has ", src[i].numel(),
+             " elements, expected ", srcSpecs[i].numel(), " (shape ", srcSpecs[i].shape, ")");
+    HS_CHECK(src[i].scalar_type() == toScalarType(srcSpecs[i].dtype), "source buffer ", i,
+             " has dtype ", c10::toString(src[i].scalar_type()), ", expected ",
+             dtypeName(srcSpecs[i].dtype));
+    HS_CHECK(src[i].device() == device, "source buffers are on ", device.str(), " and ",
+             src[i].device().str(), "; expected one device");
+    flatSrc.push_back(src[i].contiguous().view(-1));
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  auto byteOpts = at::TensorOptions().dtype(at::kByte).device(device);
+  SwitchResult result;
+  for (const BufferSpec& b : plan.dstBuffers[me]) {
+    auto opts = at::TensorOptions().dtype(toScalarType(b.dtype)).device(device);
+    result.buffers.push_back(at::zeros({b.numel()}, opts));
+  }
+  auto dstView = [&](const Segment& s) {
+    return view(result.buffers[s.dstBuffer], s.box, s.dstStrides, s.dstOffset);
+  };
+  auto srcView = [&](const Segment& s) {
+    return view(flatSrc[s.srcBuffer], s.box, s.srcStrides, s.srcOffset);
+  };
+  auto typeOf = [&](const Segment& s) {
+    return toScalarType(plan.dstBuffers[me][s.dstBuffer].dtype);
+  };
+
+  // Contributions are applied in the plan's segment order within a round, local copies
+  // first, so sums are deterministic for a given plan and bound.
+  for (const Segment& s : plan.localCopies[me]) {
+    if (plan.sumsSummands) {
+      dstView(s).add_(srcView(s));
+    } else {
+      dstView(s).copy_(srcView(s));
+    }
+  }
+
+  std::vector<std::vector<Message>> rounds = SwitchExecutor::rounds(plan, options.maxBufferBytes);
+  result.rounds = static_cast<int>(rounds.size());
+  for (const auto& round : rounds) {
+    std::vector<PeerBuffer> sends, recvs;
+    std::vector<const Message*> incoming;
+    int64_t staging = 0;
+    for (const Message& m : round) {
+      if (m.src != me && m.dst != me) continue;
+      int64_t total = 0;
+      std::vector<int64_t> offsets = packOffsets(plan, m, &total);
+      at::Tensor bytes = at::empty({total}, byteOpts);
+      staging += total;
+      if (m.src == me) {
+        for (size_t i = 0; i < m.segments.size(); ++i) {
+          const Segment& s = m.segments[i];
+          packedView(bytes, offsets[i], s, plan.elementSizes[s.tensor], typeOf(s)).copy_(srcView(s));
+        }
+        sends.push_back({m.dst, bytes});
+        result.bytesSent += m.bytes;
+      } else {
+        recvs.push_back({m.src, bytes});
+        incoming.push_back(&m);
+        result.bytesReceived += m.bytes;
+      }
+    }
+    result.peakStagingBytes = std::max(result.peakStagingBytes, staging);
+    transport_->exchange(sends, recvs, options.timeout);
+    for (size_t k = 0; k < recvs.size(); ++k) {
+      const Message& m = *incoming[k];
+      int64_t total = 0;
+      std::vector<int64_t> offsets = packOffsets(plan, m, &total);
+      for (size_t i = 0; i < m.segments.size(); ++i) {
+        const Segment& s = m.segments[i];
+        at::Tensor packed = packedView(recvs[k].buffer, offsets[i], s, plan.elementSizes[s.tensor],
+                                       typeOf(s));
+        if (plan.sumsSummands) {
+          dstView(s).add_(packed);
+        } else {
+          dstView(s).copy_(packed);
+        }
+      }
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  HS_LOG_DEBUG("switch", "rank ", me, ": sent ", result.bytesSent, " B, received ",
+               result.bytesReceived, " B in ", result.rounds, " rounds, ", result.seconds * 1e3, " ms");
+  return result;
+}
+
+}  // namespace hotswitch

@@ -1,0 +1,59 @@
+#pragma once
+
+// Executes a redistribution plan on one rank: packs one buffer per peer, runs one batched
+// exchange through a Transport, unpacks into freshly allocated destination buffers.
+//
+// Transactional: the source buffers are only read, and the destination buffers are returned
+// only when every receive has completed; on error the caller still holds the old layout.
+// With maxBufferBytes set, the exchange runs in rounds so that the bytes a rank sends plus
+// receives in one round (its staging memory) stay within the bound; the rounds are a pure
+// function of the plan and the bound, so every rank computes the same ones.
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "redistribute/RedistributionPlan.h"
+#include "transport/Transport.h"
+
+namespace hotswitch {
+
+at::ScalarType toScalarType(DType dtype);
+
+struct SwitchOptions {
+  int64_t maxBufferBytes = 0;  // 0: no bound, one round
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+struct SwitchResult {
+  std::vector<at::Tensor> buffers;  // the rank's destination buffers, shaped as planned
+  int rounds = 0;
+  int64_t bytesSent = 0;
+  int64_t bytesReceived = 0;
+  int64_t peakStagingBytes = 0;  // largest send + receive staging of one round
+  double seconds = 0;
+};
+
+class SwitchExecutor {
+ public:
+  explicit SwitchExecutor(std::shared_ptr<Transport> transport);
+
+  // Throws InvalidArgument (before any communication) when `src` does not match the plan's
+  // source buffers of this rank in count, element count, dtype or device; Timeout or Fault
+  // from the transport, naming the peer.
+  SwitchResult run(const RedistributionPlan& plan, const std::vector<at::Tensor>& src,
+                   const SwitchOptions& options = {});
+
+  // Rounds for a bound (0: the plan's messages as one round). Exposed for tests.
+  static std::vector<std::vector<Message>> rounds(const RedistributionPlan& plan,
+                                                  int64_t maxBufferBytes);
+
+  const std::shared_ptr<Transport>& transport() const { return transport_; }
+
+ private:
+  std::shared_ptr<Transport> transport_;
+};
+
+}  // namespace hotswitch

@@ -1,0 +1,43 @@
+#pragma once
+
+// How a switch moves bytes between ranks. Implementations: C10dTransport (a
+// torch.distributed ProcessGroup: gloo on CPU, NCCL on GPU) and NcclTransport (native
+// grouped ncclSend/ncclRecv, CUDA builds only).
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace hotswitch {
+
+struct PeerBuffer {
+  int peer = 0;       // rank in the transport's group
+  at::Tensor buffer;  // contiguous; its bytes are sent or overwritten
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+
+  // Sends every sends[i].buffer to sends[i].peer and fills every recvs[j].buffer from
+  // recvs[j].peer, all posted at once; blocks until all have completed. At most one buffer
+  // per peer and direction; a receive buffer must have exactly the size the peer sends.
+  // Every rank of the group calls exchange() the same number of times, in the same order;
+  // calls may be empty on some ranks.
+  //
+  // Throws Timeout naming the peer and direction when a transfer has not completed within
+  // `timeout` of the call, and Fault for any other failure (a peer that died). After a
+  // throw the receive buffers hold unspecified bytes; the transport keeps every buffer of
+  // the failed call alive until it is destroyed, since a late peer may still touch them.
+  // Not thread-safe: one exchange at a time.
+  virtual void exchange(const std::vector<PeerBuffer>& sends, const std::vector<PeerBuffer>& recvs,
+                        std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace hotswitch

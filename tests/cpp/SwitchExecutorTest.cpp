@@ -1,0 +1,170 @@
+#include "redistribute/SwitchExecutor.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <cstdio>
+#include <thread>
+
+#include "TestModels.h"
+#include "common/Check.h"
+#include "transport/C10dTransport.h"
+
+namespace hotswitch {
+namespace {
+
+using testing::forEachElement;
+using testing::probeValue;
+using testing::transformerSet;
+
+// Runs fn(rank, transport) on `world` threads, each with its own gloo process group over a
+// fresh FileStore.
+template <typename Fn>
+void runRanks(int world, Fn fn, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  char path[] = "/tmp/hotswitch-store-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::remove(path);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto store = c10::make_intrusive<::c10d::FileStore>(path, world);
+        auto options = ::c10d::ProcessGroupGloo::Options::create();
+        options->timeout = timeout;
+        options->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+        auto pg = c10::make_intrusive<::c10d::ProcessGroupGloo>(store, r, world, options);
+        fn(r, std::make_shared<C10dTransport>(pg));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::remove(path);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+std::vector<at::Tensor> fill(const TensorSet& set, const Placement& p, int rank) {
+  std::vector<at::Tensor> out;
+  for (const BufferSpec& b : p.rank(rank).buffers) out.push_back(at::full({b.numel()}, -1.0, at::kDouble));
+  for (const Piece& piece : p.rank(rank).pieces) {
+    double* data = out[piece.buffer].data_ptr<double>();
+    forEachElement(piece, [&](const Shape& x, int64_t off) {
+      data[off] = probeValue(piece.tensor, Box::full(set.specs[piece.tensor].shape), x, piece.summand);
+    });
+  }
+  return out;
+}
+
+int64_t mismatches(const TensorSet& set, const Placement& to, int rank, int numSummands,
+                   const std::vector<at::Tensor>& got) {
+  int64_t bad = 0;
+  for (const Piece& piece : to.rank(rank).pieces) {
+    const double* data = got[piece.buffer].data_ptr<double>();
+    forEachElement(piece, [&](const Shape& x, int64_t off) {
+      double expected = 0;
+      for (int k = 0; k < numSummands; ++k) {
+        expected += probeValue(piece.tensor, Box::full(set.specs[piece.tensor].shape), x,
+                               numSummands > 1 ? k : -1);
+      }
+      if (data[off] != expected) ++bad;
+    });
+  }
+  return bad;
+}
+
+struct ExecCase {
+  const char* from;
+  PlacementKind fromKind;
+  const char* to;
+  PlacementKind toKind;
+  int64_t maxBufferBytes;
+};
+
+class SwitchExecutorGridTest : public ::testing::TestWithParam<ExecCase> {};
+
+TEST_P(SwitchExecutorGridTest, ShardsEqualTheSlicesOfTheFullTensors) {
+  const ExecCase& c = GetParam();
+  const int world = 4;
+  TensorSet set = transformerSet(4, 8, false, DType::kFloat64);
+  Topology topo(world, 2);
+  Placement from = Placement::make(set, Layout::parse(c.from), c.fromKind);
+  Placement to = Placement::make(set, Layout::parse(c.to), c.toKind);
+  auto plan = RedistributionPlan::build(set, from, to, topo);
+  runRanks(world, [&](int rank, std::shared_ptr<Transport> transport) {
+    SwitchExecutor executor(transport);
+    std::vector<at::Tensor> src = fill(set, from, rank);
+    std::vector<at::Tensor> before;
+    for (const auto& t : src) before.push_back(t.clone());
+    SwitchOptions options;
+    options.maxBufferBytes = c.maxBufferBytes;
+    SwitchResult result = executor.run(plan, src, options);
+    EXPECT_EQ(mismatches(set, to, rank, from.numSummands(), result.buffers), 0) << "rank " << rank;
+    for (size_t i = 0; i < src.size(); ++i) EXPECT_TRUE(src[i].equal(before[i]));
+    EXPECT_EQ(result.bytesSent, plan.sendBytes[rank]);
+    if (c.maxBufferBytes > 0) {
+      EXPECT_LE(result.peakStagingBytes, c.maxBufferBytes);
+      if (plan.stats.bytesMoved > 0) EXPECT_GT(result.rounds, 1);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    World4, SwitchExecutorGridTest,
+    ::testing::Values(ExecCase{"dp4", PlacementKind::kSharded, "tp4", PlacementKind::kSharded, 0},
+                      ExecCase{"tp4", PlacementKind::kSharded, "dp4", PlacementKind::kSharded, 0},
+                      ExecCase{"tp2pp2", PlacementKind::kSharded, "dp2tp2", PlacementKind::kSharded, 0},
+                      ExecCase{"pp4", PlacementKind::kSharded, "dp2pp2", PlacementKind::kSharded, 0},
+                      ExecCase{"dp2tp2", PlacementKind::kSharded, "tp4", PlacementKind::kZero, 0},
+                      ExecCase{"dp2pp2", PlacementKind::kZero, "tp2pp2", PlacementKind::kSharded, 0},
+                      ExecCase{"dp4", PlacementKind::kPartial, "dp4", PlacementKind::kZero, 0},
+                      ExecCase{"dp2tp2", PlacementKind::kPartial, "tp4", PlacementKind::kSharded, 0},
+                      ExecCase{"tp4", PlacementKind::kSharded, "dp4", PlacementKind::kSharded, 1000},
+                      ExecCase{"dp2tp2", PlacementKind::kPartial, "dp4", PlacementKind::kZero, 600}));
+
+TEST(SwitchExecutorTest, RejectsMismatchedBuffersBeforeCommunicating) {
+  TensorSet set = transformerSet(2, 8, false, DType::kFloat64);
+  Placement from = Placement::make(set, Layout(4, 1, 1));
+  Placement to = Placement::make(set, Layout(1, 4, 1));
+  auto plan = RedistributionPlan::build(set, from, to, Topology(4, 4));
+  runRanks(4, [&](int rank, std::shared_ptr<Transport> transport) {
+    SwitchExecutor executor(transport);
+    std::vector<at::Tensor> src = fill(set, from, rank);
+    src.pop_back();
+    EXPECT_THROW(executor.run(plan, src), InvalidArgument);
+    src = fill(set, from, rank);
+    src[0] = src[0].to(at::kFloat);
+    EXPECT_THROW(executor.run(plan, src), InvalidArgument);
+  });
+}
+
+TEST(SwitchExecutorTest, SilentPeerTimesOutNamingIt) {
+  TensorSet set = transformerSet(1, 8, false, DType::kFloat64);
+  Placement from = Placement::make(set, Layout(1, 2, 1));
+  Placement to = Placement::make(set, Layout(2, 1, 1));
+  auto plan = RedistributionPlan::build(set, from, to, Topology(2, 2));
+  runRanks(2, [&](int rank, std::shared_ptr<Transport> transport) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;  // never joins the switch
+    }
+    SwitchExecutor executor(transport);
+    SwitchOptions options;
+    options.timeout = std::chrono::milliseconds(500);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      executor.run(plan, fill(set, from, rank), options);
+      ADD_FAILURE() << "expected Timeout";
+    } catch (const Timeout& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  });
+}
+
+}  // namespace
+}  // namespace hotswitch
