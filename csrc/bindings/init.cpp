@@ -1,0 +1,266 @@
+// The one pybind11 module, hotswitch._C: thin bindings over the C++ core. Validation lives
+// in the core (InvalidArgument -> ValueError); the public API is python/hotswitch.
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/extension.h>
+
+#include "common/Check.h"
+#include "common/Logging.h"
+#include "layout/Layout.h"
+#include "layout/ParamSpec.h"
+#include "layout/Placement.h"
+#include "layout/Topology.h"
+#include "redistribute/PlanCache.h"
+#include "redistribute/SwitchExecutor.h"
+#include "transport/C10dTransport.h"
+
+namespace py = pybind11;
+using namespace hotswitch;
+
+namespace {
+
+Axis parseAxis(const std::string& name) {
+  for (Axis a : {Axis::kTp, Axis::kCp, Axis::kDp, Axis::kPp}) {
+    if (name == axisName(a)) return a;
+  }
+  HS_CHECK(false, "axis '", name, "' is not one of tp, cp, dp, pp");
+  return Axis::kTp;
+}
+
+py::dict statsDict(const PlanStats& s) {
+  py::dict d;
+  d["bytes_moved"] = s.bytesMoved;
+  d["inter_node_bytes"] = s.interNodeBytes;
+  d["max_send_bytes"] = s.maxSendBytes;
+  d["max_recv_bytes"] = s.maxRecvBytes;
+  d["num_messages"] = s.numMessages;
+  d["local_copy_bytes"] = s.localCopyBytes;
+  d["lower_bound_bytes"] = s.lowerBoundBytes;
+  d["lower_bound_inter_node_bytes"] = s.lowerBoundInterNodeBytes;
+  d["lower_bound_max_send_bytes"] = s.lowerBoundMaxSendBytes;
+  return d;
+}
+
+py::list buffersList(const std::vector<BufferSpec>& buffers) {
+  py::list out;
+  for (const BufferSpec& b : buffers) {
+    out.append(py::make_tuple(b.tensor, b.shape, dtypeName(b.dtype)));
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "hotswitch native core";
+
+  static py::exception<Fault> faultError(m, "SwitchFault", PyExc_RuntimeError);
+  static py::exception<Timeout> timeoutError(m, "SwitchTimeout", faultError.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const Timeout& e) {
+      PyErr_SetString(timeoutError.ptr(), e.what());
+    } catch (const Fault& e) {
+      PyErr_SetString(faultError.ptr(), e.what());
+    }
+  });
+
+  m.def("set_log_level", [](const std::string& level) { setLogLevel(parseLogLevel(level)); },
+        py::arg("level"));
+  m.def("log_level", [] {
+    static const char* names[] = {"trace", "debug", "info", "warn", "error", "off"};
+    return std::string(names[static_cast<int>(logLevel())]);
+  });
+
+  py::class_<Topology>(m, "Topology")
+      .def(py::init<int, int>(), py::arg("world"), py::arg("ranks_per_node"))
+      .def_property_readonly("world", &Topology::world)
+      .def_property_readonly("ranks_per_node", &Topology::ranksPerNode)
+      .def_property_readonly("num_nodes", &Topology::numNodes)
+      .def("node", &Topology::node, py::arg("rank"))
+      .def("__eq__", &Topology::operator==)
+      .def("__repr__", &Topology::toString);
+
+  py::class_<Layout>(m, "Layout")
+      .def(py::init([](int dp, int tp, int pp, int cp, const std::string& order) {
+             return Layout(dp, tp, pp, cp, Layout::parseOrder(order));
+           }),
+           py::arg("dp") = 1, py::arg("tp") = 1, py::arg("pp") = 1, py::arg("cp") = 1,
+           py::arg("order") = "tp-cp-dp-pp")
+      .def_static("parse", &Layout::parse, py::arg("text"))
+      .def_static("enumerate", &Layout::enumerate, py::arg("world"))
+      .def_property_readonly("dp", &Layout::dp)
+      .def_property_readonly("tp", &Layout::tp)
+      .def_property_readonly("pp", &Layout::pp)
+      .def_property_readonly("cp", &Layout::cp)
+      .def_property_readonly("world", &Layout::world)
+      .def_property_readonly("order", &Layout::orderName)
+      .def_property_readonly("name", &Layout::name)
+      .def("validate", &Layout::validate, py::arg("world"))
+      .def("coord", [](const Layout& l, int rank) {
+        Coord c = l.coord(rank);
+        py::dict d;
+        for (Axis a : {Axis::kDp, Axis::kTp, Axis::kPp, Axis::kCp}) d[axisName(a)] = c[static_cast<int>(a)];
+        return d;
+      }, py::arg("rank"))
+      .def("rank", [](const Layout& l, int dp, int tp, int pp, int cp) {
+        Coord c{};
+        c[static_cast<int>(Axis::kDp)] = dp;
+        c[static_cast<int>(Axis::kTp)] = tp;
+        c[static_cast<int>(Axis::kPp)] = pp;
+        c[static_cast<int>(Axis::kCp)] = cp;
+        return l.rank(c);
+      }, py::arg("dp") = 0, py::arg("tp") = 0, py::arg("pp") = 0, py::arg("cp") = 0)
+      .def("group", [](const Layout& l, const std::string& axis, int rank) {
+        return l.group(parseAxis(axis), rank);
+      }, py::arg("axis"), py::arg("rank"))
+      .def("groups", [](const Layout& l, const std::string& axis) {
+        return l.groups(parseAxis(axis));
+      }, py::arg("axis"))
+      .def("data_group", &Layout::dataGroup, py::arg("rank"))
+      .def("data_index", &Layout::dataIndex, py::arg("rank"))
+      .def("__eq__", &Layout::operator==)
+      .def("__hash__", [](const Layout& l) { return std::hash<std::string>()(l.name()); })
+      .def("__repr__", [](const Layout& l) { return "Layout('" + l.name() + "')"; })
+      .def("__str__", &Layout::name);
+
+  py::class_<ParamSpec>(m, "ParamSpec")
+      .def(py::init([](const std::string& name, const Shape& shape, const std::string& dtype,
+                       const std::string& rule, const std::vector<int64_t>& groups,
+                       const std::string& stage, int layer) {
+             ParamSpec s;
+             s.name = name;
+             s.shape = shape;
+             s.dtype = parseDType(dtype);
+             s.rule = parseShardRule(rule);
+             s.groups = groups;
+             s.stage = parseStageRole(stage);
+             s.layer = layer;
+             s.validate();
+             return s;
+           }),
+           py::arg("name"), py::arg("shape"), py::arg("dtype") = "float32",
+           py::arg("rule") = "replicated", py::arg("groups") = std::vector<int64_t>{},
+           py::arg("stage") = "layer", py::arg("layer") = 0)
+      .def_readonly("name", &ParamSpec::name)
+      .def_readonly("shape", &ParamSpec::shape)
+      .def_property_readonly("dtype", [](const ParamSpec& s) { return dtypeName(s.dtype); })
+      .def_property_readonly("rule", [](const ParamSpec& s) { return shardRuleName(s.rule); })
+      .def_readonly("groups", &ParamSpec::groups)
+      .def_property_readonly("stage", [](const ParamSpec& s) { return stageRoleName(s.stage); })
+      .def_readonly("layer", &ParamSpec::layer)
+      .def_property_readonly("numel", &ParamSpec::numel)
+      .def_property_readonly("nbytes", &ParamSpec::bytes)
+      .def("__repr__", &ParamSpec::toString);
+
+  py::class_<TensorSet>(m, "TensorSet")
+      .def(py::init([](std::vector<ParamSpec> specs, int numLayers) {
+             TensorSet set{std::move(specs), numLayers};
+             set.validate();
+             return set;
+           }),
+           py::arg("specs"), py::arg("num_layers"))
+      .def_readonly("specs", &TensorSet::specs)
+      .def_readonly("num_layers", &TensorSet::numLayers)
+      .def("fingerprint", &TensorSet::fingerprint);
+
+  py::class_<Placement>(m, "Placement")
+      .def(py::init([](const TensorSet& set, const Layout& layout, const std::string& kind) {
+             return Placement::make(set, layout, parsePlacementKind(kind));
+           }),
+           py::arg("tensor_set"), py::arg("layout"), py::arg("kind") = "sharded")
+      .def_property_readonly("key", &Placement::key)
+      .def_property_readonly("world", &Placement::world)
+      .def("buffers", [](const Placement& p, int rank) { return buffersList(p.rank(rank).buffers); },
+           py::arg("rank"))
+      .def("pieces", [](const Placement& p, int rank) {
+        py::list out;
+        for (const Piece& piece : p.rank(rank).pieces) {
+          out.append(py::make_tuple(piece.tensor, piece.box.lo, piece.box.hi, piece.buffer,
+                                    piece.offset, piece.strides, piece.summand));
+        }
+        return out;
+      }, py::arg("rank"));
+
+  py::class_<CachedPlan, std::shared_ptr<CachedPlan>>(m, "Plan")
+      .def_property_readonly("stats", [](const CachedPlan& c) { return statsDict(c.plan.stats); })
+      .def_property_readonly("build_seconds", [](const CachedPlan& c) { return c.buildSeconds; })
+      .def_property_readonly("send_bytes", [](const CachedPlan& c) { return c.plan.sendBytes; })
+      .def_property_readonly("recv_bytes", [](const CachedPlan& c) { return c.plan.recvBytes; })
+      .def_property_readonly("sums_summands", [](const CachedPlan& c) { return c.plan.sumsSummands; })
+      .def("messages", [](const CachedPlan& c) {
+        py::list out;
+        for (const Message& msg : c.plan.messages) {
+          out.append(py::make_tuple(msg.src, msg.dst, msg.bytes, msg.segments.size()));
+        }
+        return out;
+      })
+      .def("src_buffers", [](const CachedPlan& c, int rank) { return buffersList(c.plan.srcBuffers.at(rank)); },
+           py::arg("rank"))
+      .def("dst_buffers", [](const CachedPlan& c, int rank) { return buffersList(c.plan.dstBuffers.at(rank)); },
+           py::arg("rank"))
+      .def("summary", [](const CachedPlan& c) { return c.plan.summary(); });
+
+  py::class_<PlanCache, std::shared_ptr<PlanCache>>(m, "PlanCache")
+      .def(py::init<>())
+      .def("get", [](PlanCache& cache, const TensorSet& set, const Layout& from,
+                     const std::string& fromKind, const Layout& to, const std::string& toKind,
+                     const Topology& topology, const std::string& policy) {
+        PlanOptions options;
+        HS_CHECK(policy == "balanced" || policy == "greedy", "sender policy '", policy,
+                 "' is not one of balanced, greedy");
+        options.senderPolicy = policy == "greedy" ? SenderPolicy::kGreedy : SenderPolicy::kBalanced;
+        bool hit = false;
+        std::shared_ptr<const CachedPlan> plan;
+        {
+          py::gil_scoped_release release;
+          plan = cache.get(set, from, parsePlacementKind(fromKind), to, parsePlacementKind(toKind),
+                           topology, options, &hit);
+        }
+        return py::make_tuple(std::const_pointer_cast<CachedPlan>(plan), hit);
+      }, py::arg("tensor_set"), py::arg("src"), py::arg("src_kind"), py::arg("dst"),
+         py::arg("dst_kind"), py::arg("topology"), py::arg("policy") = "balanced")
+      .def("__len__", &PlanCache::size)
+      .def("clear", &PlanCache::clear);
+
+  py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
+      .def_property_readonly("rank", &Transport::rank)
+      .def_property_readonly("size", &Transport::size)
+      .def_property_readonly("name", &Transport::name)
+      .def("exchange", [](Transport& t, const std::vector<std::pair<int, at::Tensor>>& sends,
+                          const std::vector<std::pair<int, at::Tensor>>& recvs, double timeoutSeconds) {
+        std::vector<PeerBuffer> s, r;
+        for (const auto& [peer, buf] : sends) s.push_back({peer, buf});
+        for (const auto& [peer, buf] : recvs) r.push_back({peer, buf});
+        py::gil_scoped_release release;
+        t.exchange(s, r, std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1e3)));
+      }, py::arg("sends"), py::arg("recvs"), py::arg("timeout"));
+
+  py::class_<C10dTransport, Transport, std::shared_ptr<C10dTransport>>(m, "C10dTransport")
+      .def(py::init<c10::intrusive_ptr<::c10d::ProcessGroup>>(), py::arg("group"));
+
+  py::class_<SwitchExecutor, std::shared_ptr<SwitchExecutor>>(m, "SwitchExecutor")
+      .def(py::init<std::shared_ptr<Transport>>(), py::arg("transport"))
+      .def("run", [](SwitchExecutor& ex, const CachedPlan& plan, const std::vector<at::Tensor>& src,
+                     int64_t maxBufferBytes, double timeoutSeconds) {
+        HS_CHECK(timeoutSeconds > 0, "timeout must be > 0 seconds, got ", timeoutSeconds);
+        SwitchOptions options;
+        options.maxBufferBytes = maxBufferBytes;
+        options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1e3));
+        SwitchResult result;
+        {
+          py::gil_scoped_release release;
+          result = ex.run(plan.plan, src, options);
+        }
+        py::dict info;
+        info["rounds"] = result.rounds;
+        info["bytes_sent"] = result.bytesSent;
+        info["bytes_received"] = result.bytesReceived;
+        info["peak_staging_bytes"] = result.peakStagingBytes;
+        info["seconds"] = result.seconds;
+        return py::make_tuple(result.buffers, info);
+      }, py::arg("plan"), py::arg("src"), py::arg("max_buffer_bytes") = 0, py::arg("timeout") = 300.0);
+}

@@ -1,0 +1,261 @@
+"""Switching a tensor set between placements across real processes.
+
+``switch`` takes this rank's local shards under one layout and returns its shards under
+another, moving only what the destination lacks, through one batched point-to-point
+exchange over a torch.distributed process group.
+"""
+
+import dataclasses
+import hashlib
+import os
+from typing import Dict, List, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from hotswitch import _C
+from hotswitch.logging import get_logger
+
+__all__ = ["SwitchResult", "TensorSet", "plan_switch", "switch", "default_topology"]
+
+TensorSet = _C.TensorSet
+PLACEMENT_KINDS = ("sharded", "zero", "partial")
+DEFAULT_TIMEOUT_S = 300.0
+
+_log = get_logger("switch")
+_default_cache = _C.PlanCache()
+_executors: Dict[object, tuple] = {}  # group -> (transport, executor)
+
+Shards = Union[Dict[str, torch.Tensor], torch.Tensor]
+
+
+@dataclasses.dataclass
+class SwitchResult:
+    """What a switch returned on this rank.
+
+    ``shards``: the new local shards, a dict ``name -> tensor`` (shapes of the local shards
+    under the destination layout) or, for a ``"zero"`` destination, one flat 1-D tensor.
+    ``stats``: the plan's figures for the whole world (bytes, inter-node bytes, largest
+    per-rank send and receive, messages, and their lower bounds), in bytes.
+    ``seconds``: wall time of this rank's exchange; ``plan_cached``: whether the plan came
+    from the cache; ``rounds``: exchanges run under ``max_buffer_bytes``.
+    """
+
+    shards: Shards
+    stats: Dict[str, int]
+    seconds: float
+    rounds: int
+    bytes_sent: int
+    bytes_received: int
+    plan_cached: bool
+
+
+def default_topology(world: int) -> "_C.Topology":
+    """One node of ``LOCAL_WORLD_SIZE`` ranks (set by torchrun) per node, or a single node."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    per_node = int(local) if local and local.isdigit() and int(local) > 0 else world
+    if world % per_node:
+        per_node = world
+    return _C.Topology(world, per_node)
+
+
+def _check_kind(kind: str, what: str) -> None:
+    if kind not in PLACEMENT_KINDS:
+        raise ValueError(f"{what} {kind!r} is not one of {', '.join(PLACEMENT_KINDS)}")
+
+
+def plan_switch(
+    tensor_set: "_C.TensorSet",
+    src: "_C.Layout",
+    dst: "_C.Layout",
+    *,
+    src_kind: str = "sharded",
+    dst_kind: str = "sharded",
+    topology: Optional["_C.Topology"] = None,
+    policy: str = "balanced",
+    cache: Optional["_C.PlanCache"] = None,
+) -> "_C.Plan":
+    """The redistribution plan between two placements; cached per (set, src, dst, topology).
+
+    No data moves. ``plan.stats`` holds the figures of ``SwitchResult.stats``. ``policy`` is
+    ``"balanced"`` (ours) or ``"greedy"`` (a baseline: tensors in order, sender = the
+    same-node owner that has sent the least). Raises ``ValueError`` for bad input.
+    """
+    if not isinstance(tensor_set, _C.TensorSet):
+        raise ValueError(f"tensor_set must be a hotswitch.TensorSet, got {type(tensor_set).__name__}")
+    for name, layout in (("src", src), ("dst", dst)):
+        if not isinstance(layout, _C.Layout):
+            raise ValueError(f"{name} must be a hotswitch.Layout, got {type(layout).__name__}")
+    _check_kind(src_kind, "src_kind")
+    _check_kind(dst_kind, "dst_kind")
+    if topology is None:
+        topology = _C.Topology(src.world, src.world)
+    plan, _ = (cache or _default_cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, policy)
+    return plan
+
+
+def _executor(group):
+    """The (transport, executor) of ``group``, made on first use."""
+    pair = _executors.get(group)
+    if pair is None:
+        transport = _C.C10dTransport(group)
+        pair = (transport, _C.SwitchExecutor(transport))
+        _executors[group] = pair
+    return pair
+
+
+def _describe(tensor_set, src, dst, src_kind, dst_kind) -> List[str]:
+    lines = [
+        f"src layout {src} ({src_kind})",
+        f"dst layout {dst} ({dst_kind})",
+        f"num_layers {tensor_set.num_layers}",
+        f"{len(tensor_set.specs)} tensors",
+    ]
+    lines += [repr(spec) for spec in tensor_set.specs]
+    return lines
+
+
+def _digest(lines: List[str]) -> int:
+    return int.from_bytes(hashlib.blake2b("\n".join(lines).encode(), digest_size=7).digest(), "little")
+
+
+def _agree(transport, rank: int, world: int, error: Optional[str], lines: List[str], timeout: float):
+    """All ranks learn whether every rank accepted its input and described the same switch.
+
+    Raises ValueError on every rank otherwise: first for ranks that disagree (naming the
+    first differing line), then for a rank that refused its input (with its message).
+    """
+    text = ("\n".join(lines) + "\0" + (error or "")).encode()
+    header = torch.tensor([0 if error is not None else 1, _digest(lines), len(text)], dtype=torch.int64)
+    peers = [p for p in range(world) if p != rank]
+    received = {p: torch.empty(3, dtype=torch.int64) for p in peers}
+    transport.exchange([(p, header) for p in peers], [(p, received[p]) for p in peers], timeout)
+    headers = {rank: header, **received}
+    if all(int(h[0]) == 1 and int(h[1]) == int(header[1]) for h in headers.values()):
+        return
+    payload = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    texts = {p: torch.empty(int(received[p][2]), dtype=torch.uint8) for p in peers}
+    transport.exchange([(p, payload) for p in peers], [(p, texts[p]) for p in peers], timeout)
+    decoded = {p: bytes(texts[p].tolist()).decode() for p in peers}
+    decoded[rank] = text.decode()
+    described = {p: decoded[p].split("\0", 1)[0].split("\n") for p in range(world)}
+    for p in range(1, world):
+        ref, other = described[0], described[p]
+        for i in range(max(len(ref), len(other))):
+            a = ref[i] if i < len(ref) else "<nothing>"
+            b = other[i] if i < len(other) else "<nothing>"
+            if a != b:
+                raise ValueError(f"ranks disagree on the switch: rank 0 has {a!r} where rank {p} has {b!r}")
+    for p in range(world):
+        if int(headers[p][0]) == 0:
+            raise ValueError(f"switch refused by rank {p}: {decoded[p].split(chr(0), 1)[1]}")
+
+
+def _flatten_shards(shards: Shards, plan, tensor_set, rank: int, kind: str) -> List[torch.Tensor]:
+    expected = plan.src_buffers(rank)
+    if kind == "zero":
+        if not isinstance(shards, torch.Tensor):
+            raise ValueError(f"a zero placement's shards are one flat tensor, got {type(shards).__name__}")
+        (_, shape, dtype), = expected
+        if tuple(shards.shape) != tuple(shape) or str(shards.dtype) != f"torch.{dtype}":
+            raise ValueError(
+                f"rank {rank}: zero shard has shape {tuple(shards.shape)} and {shards.dtype}, "
+                f"expected {tuple(shape)} and torch.{dtype}")
+        return [shards.detach()]
+    if not isinstance(shards, dict):
+        raise ValueError(f"shards must be a dict of name -> tensor, got {type(shards).__name__}")
+    names = [tensor_set.specs[t].name for t, _, _ in expected]
+    missing = [n for n in names if n not in shards]
+    extra = sorted(set(shards) - set(names))
+    if missing or extra:
+        raise ValueError(f"rank {rank}: shards under the source layout are {names}; "
+                         f"missing {missing}, unexpected {extra}")
+    out = []
+    for (t, shape, dtype), name in zip(expected, names):
+        tensor = shards[name]
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"rank {rank}: shard {name!r} is a {type(tensor).__name__}, expected a tensor")
+        if tuple(tensor.shape) != tuple(shape) or str(tensor.dtype) != f"torch.{dtype}":
+            raise ValueError(
+                f"rank {rank}: shard {name!r} has shape {tuple(tensor.shape)} and {tensor.dtype}, "
+                f"expected the local shard shape {tuple(shape)} and torch.{dtype}")
+        out.append(tensor.detach())
+    return out
+
+
+def switch(
+    shards: Shards,
+    tensor_set: "_C.TensorSet",
+    src: "_C.Layout",
+    dst: "_C.Layout",
+    *,
+    src_kind: str = "sharded",
+    dst_kind: str = "sharded",
+    group: Optional[dist.ProcessGroup] = None,
+    topology: Optional["_C.Topology"] = None,
+    max_buffer_bytes: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    cache: Optional["_C.PlanCache"] = None,
+) -> SwitchResult:
+    """Switches this rank's shards of ``tensor_set`` from layout ``src`` to layout ``dst``.
+
+    Collective: every rank of ``group`` (default: the world) calls it with the same set,
+    layouts and kinds. ``shards`` maps each tensor name this rank owns under ``src`` to its
+    local shard (the shape from the placement: e.g. ``[out / tp, in]`` for a column split),
+    or is one flat tensor for ``src_kind="zero"``. With ``src_kind="partial"`` (gradients
+    before data-parallel reduction) the destination receives the sum of all summands.
+
+    ``max_buffer_bytes`` bounds the staging memory of one exchange round per rank (0: none);
+    ``timeout`` (seconds, default 300) bounds the whole exchange.
+
+    Raises ``ValueError`` on every rank, before any shard data moves, when a rank's input is
+    wrong or ranks disagree (the message names the rank and the first difference);
+    ``SwitchTimeout`` or ``SwitchFault`` naming the peer when a peer stalls or dies. The
+    input shards are never modified, so after any error the caller still holds the old layout.
+    """
+    if group is None:
+        if not dist.is_initialized():
+            raise ValueError("torch.distributed is not initialized; call init_process_group first")
+        group = dist.group.WORLD
+    if not isinstance(max_buffer_bytes, int) or max_buffer_bytes < 0:
+        raise ValueError(f"max_buffer_bytes must be an int >= 0, got {max_buffer_bytes!r}")
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    transport, executor = _executor(group)
+
+    error, lines, plan, cached, buffers = None, [], None, False, []
+    try:
+        if not isinstance(tensor_set, _C.TensorSet):
+            raise ValueError(f"tensor_set must be a hotswitch.TensorSet, got {type(tensor_set).__name__}")
+        for name, layout in (("src", src), ("dst", dst)):
+            if not isinstance(layout, _C.Layout):
+                raise ValueError(f"{name} must be a hotswitch.Layout, got {type(layout).__name__}")
+            layout.validate(world)
+        _check_kind(src_kind, "src_kind")
+        _check_kind(dst_kind, "dst_kind")
+        lines = _describe(tensor_set, src, dst, src_kind, dst_kind)
+        topology = topology or default_topology(world)
+        plan, cached = (cache or _default_cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
+        buffers = _flatten_shards(shards, plan, tensor_set, rank, src_kind)
+    except ValueError as e:
+        error = str(e)
+    _agree(transport, rank, world, error, lines, timeout)
+
+    new_buffers, info = executor.run(plan, buffers, max_buffer_bytes, float(timeout))
+    specs = plan.dst_buffers(rank)
+    if dst_kind == "zero":
+        out: Shards = new_buffers[0]
+    else:
+        out = {tensor_set.specs[t].name: buf.view(shape) for (t, shape, _), buf in zip(specs, new_buffers)}
+    _log.debug("rank %d: %s -> %s sent %d B in %.3f ms", rank, src, dst, info["bytes_sent"], info["seconds"] * 1e3)
+    return SwitchResult(
+        shards=out,
+        stats=plan.stats,
+        seconds=info["seconds"],
+        rounds=info["rounds"],
+        bytes_sent=info["bytes_sent"],
+        bytes_received=info["bytes_received"],
+        plan_cached=cached,
+    )
+

@@ -1,0 +1,131 @@
+"""Rank functions of the switch tests (module-level so that spawned ranks can import them)."""
+
+import os
+import time
+
+import torch
+
+import hotswitch as hs
+import hotswitch.redistribute as hs_switch
+from reference import full_tensors, model_set, shards_for
+
+
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+
+
+def every_pair(rank, world, pairs, tied):
+    """Switches through every (src, src_kind, dst, dst_kind) and compares with the reference."""
+    ts = model_set(tied=tied)
+    fulls = full_tensors(ts)
+    failures = []
+    for src, src_kind, dst, dst_kind in pairs:
+        a, b = hs.Layout.parse(src), hs.Layout.parse(dst)
+        shards = shards_for(ts, fulls, a, rank, src_kind)
+        before = {k: v.clone() for k, v in shards.items()} if isinstance(shards, dict) else shards.clone()
+        result = hs.switch(shards, ts, a, b, src_kind=src_kind, dst_kind=dst_kind, timeout=60)
+        if not _equal(result.shards, shards_for(ts, fulls, b, rank, dst_kind)):
+            failures.append(f"{src}:{src_kind} -> {dst}:{dst_kind}")
+        if not _equal(shards, before):
+            failures.append(f"{src}:{src_kind} -> {dst}:{dst_kind} modified its input")
+        if result.stats["bytes_moved"] != result.stats["lower_bound_bytes"]:
+            failures.append(f"{src} -> {dst} moved {result.stats['bytes_moved']} B over the bound")
+    return failures
+
+
+def partial_sum(rank, world, src, dst, dst_kind):
+    """Each data replica holds (k + 1) * value; the destination must hold the sum."""
+    ts = model_set()
+    fulls = full_tensors(ts)
+    a, b = hs.Layout.parse(src), hs.Layout.parse(dst)
+    k = a.data_index(rank)
+    shards = {n: t * (k + 1) for n, t in shards_for(ts, fulls, a, rank, "sharded").items()}
+    result = hs.switch(shards, ts, a, b, src_kind="partial", dst_kind=dst_kind)
+    total = sum(range(1, a.dp * a.cp + 1))
+    expected = shards_for(ts, {n: t * total for n, t in fulls.items()}, b, rank, dst_kind)
+    return _equal(result.shards, expected), result.stats["bytes_moved"]
+
+
+def bounded_memory(rank, world, bound):
+    ts = model_set()
+    fulls = full_tensors(ts)
+    a, b = hs.Layout.parse("tp4"), hs.Layout.parse("dp4")
+    result = hs.switch(shards_for(ts, fulls, a, rank, "sharded"), ts, a, b, max_buffer_bytes=bound)
+    return _equal(result.shards, shards_for(ts, fulls, b, rank, "sharded")), result.rounds
+
+
+def bad_input(rank, world, case):
+    """Every rank must raise ValueError; returns the messages and whether the shards survived."""
+    ts = model_set()
+    fulls = full_tensors(ts)
+    a, b = hs.Layout.parse("dp2tp2"), hs.Layout.parse("tp2pp2")
+    shards = shards_for(ts, fulls, a, rank, "sharded")
+    kwargs = {}
+    if case == "shape" and rank == 1:
+        shards["layers.0.qkv.weight"] = torch.zeros(3, 16)
+    elif case == "missing" and rank == 2:
+        del shards["head.weight"]
+    elif case == "dtype" and rank == 0:
+        shards["final_norm.weight"] = shards["final_norm.weight"].double()
+    elif case == "disagree" and rank == 3:
+        specs = list(ts.specs)
+        specs[3] = hs.ParamSpec(specs[3].name, [16, 16], "float32", "column", layer=0)
+        ts = hs.TensorSet(specs, ts.num_layers)
+    elif case == "layout_world":
+        b = hs.Layout.parse("dp2tp4")
+    elif case == "layout_disagree" and rank == 2:
+        b = hs.Layout.parse("tp4")
+    elif case == "kind":
+        kwargs["dst_kind"] = "sharded_zero"
+    elif case == "uneven":
+        b = hs.Layout.parse("tp4")
+        ts = model_set(hidden=6, ffn=12, vocab=12)
+        fulls = full_tensors(ts)
+        shards = {}
+    before = {k: v.clone() for k, v in shards.items()}
+    try:
+        hs.switch(shards, ts, a, b, timeout=30, **kwargs)
+        message = None
+    except ValueError as e:
+        message = str(e)
+    intact = _equal(shards, before)
+    # The group still works after a refused switch.
+    good = model_set()
+    again = hs.switch(shards_for(good, full_tensors(good), a, rank, "sharded"), good, a,
+                      hs.Layout.parse("tp4"), timeout=30)
+    return message, intact, again.stats["bytes_moved"] > 0
+
+
+class _DyingExecutor:
+    """Stands in for the executor on the failing rank: dies or stalls inside the switch."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def run(self, *args):
+        if self.mode == "die":
+            os._exit(17)
+        time.sleep(8)  # well past the peers' timeout
+        os._exit(18)
+
+
+def peer_fault(rank, world, mode, victim, timeout):
+    ts = model_set()
+    fulls = full_tensors(ts)
+    a, b = hs.Layout.parse("tp2pp2"), hs.Layout.parse("dp4")
+    shards = shards_for(ts, fulls, a, rank, "sharded")
+    before = {k: v.clone() for k, v in shards.items()}
+    if rank == victim:
+        real = hs_switch._executor
+        hs_switch._executor = lambda group: (real(group)[0], _DyingExecutor(mode))
+    start = time.monotonic()
+    try:
+        hs.switch(shards, ts, a, b, timeout=timeout)
+        outcome = "returned"
+    except hs.SwitchTimeout as e:
+        outcome = f"SwitchTimeout: {e}"
+    except hs.SwitchFault as e:
+        outcome = f"SwitchFault: {e}"
+    return outcome, time.monotonic() - start, _equal(shards, before)
