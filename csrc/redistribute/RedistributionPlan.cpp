@@ -125,7 +125,10 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
   RedistributionPlan plan;
   plan.world = world;
   plan.sumsSummands = from.kind() == PlacementKind::kPartial;
-  for (const ParamSpec& spec : set.specs) plan.elementSizes.push_back(elementSize(spec.dtype));
+  for (const ParamSpec& spec : set.specs) {
+    plan.dtypes.push_back(spec.dtype);
+    plan.elementSizes.push_back(elementSize(spec.dtype));
+  }
   plan.localCopies.resize(world);
   plan.sendBytes.assign(world, 0);
   plan.recvBytes.assign(world, 0);

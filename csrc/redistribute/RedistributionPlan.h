@@ -71,6 +71,7 @@ struct PlanOptions {
 struct RedistributionPlan {
   int world = 0;
   bool sumsSummands = false;           // source is kPartial: destinations add what arrives
+  std::vector<DType> dtypes;           // per tensor
   std::vector<int64_t> elementSizes;   // per tensor
   std::vector<std::vector<BufferSpec>> srcBuffers;  // per rank
   std::vector<std::vector<BufferSpec>> dstBuffers;  // per rank

@@ -165,9 +165,7 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
   auto srcView = [&](const Segment& s) {
     return view(flatSrc[s.srcBuffer], s.box, s.srcStrides, s.srcOffset);
   };
-  auto typeOf = [&](const Segment& s) {
-    return toScalarType(plan.dstBuffers[me][s.dstBuffer].dtype);
-  };
+  auto typeOf = [&](const Segment& s) { return toScalarType(plan.dtypes[s.tensor]); };
 
   // Contributions are applied in the plan's segment order within a round, local copies
   // first, so sums are deterministic for a given plan and bound.

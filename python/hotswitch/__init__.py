@@ -18,6 +18,7 @@ from hotswitch._C import (  # noqa: E402
     Topology,
 )
 from hotswitch.logging import get_logger, set_log_level  # noqa: E402
+from hotswitch.specs import llama_tensor_set, shard_tensors  # noqa: E402
 from hotswitch.redistribute import (  # noqa: E402
     SwitchResult,
     TensorSet,
@@ -35,7 +36,9 @@ __all__ = [
     "TensorSet",
     "Topology",
     "get_logger",
+    "llama_tensor_set",
     "plan_switch",
     "set_log_level",
+    "shard_tensors",
     "switch",
 ]

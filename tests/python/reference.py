@@ -1,5 +1,5 @@
 """Plain-PyTorch reference of the placements: the slices each rank should hold, written
-independently of the C++ placement code (Megatron rank order: tp fastest, then cp, dp, pp)."""
+independently of the C++ placement code."""
 
 import torch
 
@@ -39,11 +39,13 @@ def full_tensors(tensor_set):
 
 
 def coords(layout, rank):
-    tp = rank % layout.tp
-    cp = (rank // layout.tp) % layout.cp
-    dp = (rank // (layout.tp * layout.cp)) % layout.dp
-    pp = rank // (layout.tp * layout.cp * layout.dp)
-    return dp, tp, pp, cp
+    """(dp, tp, pp, cp) of a rank; the first axis of ``layout.order`` varies fastest."""
+    out = {}
+    for axis in layout.order.split("-"):
+        degree = getattr(layout, axis)
+        out[axis] = rank % degree
+        rank //= degree
+    return out["dp"], out["tp"], out["pp"], out["cp"]
 
 
 def stage_of_layer(layer, num_layers, pp):
