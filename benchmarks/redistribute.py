@@ -144,7 +144,7 @@ def _gather_then_slice(ts, src, dst, shards, rank, world):
             at += torch.Size(shape).numel()
         for tensor, lo, hi, buffer, offset, strides, _ in pl.pieces(r):
             sizes_ = [b - a for a, b in zip(lo, hi)]
-            view = gathered[r][starts[buffer]:].as_strided(sizes_, strides, offset)
+            view = gathered[r].as_strided(sizes_, strides, starts[buffer] + offset)
             full[ts.specs[tensor].name][tuple(slice(a, b) for a, b in zip(lo, hi))] = view
     return hs.shard_tensors(full, ts, dst, rank)
 
@@ -164,10 +164,11 @@ def _exec_rank(rank, world, store, repeats, queue):
         plan = hs.plan_switch(ts, src, dst, topology=hs.Topology(world, world))
         sends = [(m[1], torch.empty(m[2], dtype=torch.uint8)) for m in plan.messages() if m[0] == rank]
         recvs = [(m[0], torch.empty(m[2], dtype=torch.uint8)) for m in plan.messages() if m[1] == rank]
-        ours, raw, gather = [], [], []
+        ours, raw, gather, parts = [], [], [], []
         for _ in range(repeats):
             t, result = _timed(lambda: hs.switch(shards, ts, src, dst, timeout=120))
             ours.append(t)
+            parts.append((result.pack_seconds, result.exchange_seconds, result.unpack_seconds))
             t, _ = _timed(lambda: transport.exchange(sends, recvs, 120.0))
             raw.append(t)
             t, sliced = _timed(lambda: _gather_then_slice(ts, src, dst, shards, rank, world))
@@ -175,7 +176,10 @@ def _exec_rank(rank, world, store, repeats, queue):
         assert all(torch.equal(result.shards[n], sliced[n]) for n in sliced), "switch and gather disagree"
         rows.append({"src": src_name, "dst": dst_name, "bytes": plan.stats["bytes_moved"],
                      "switch_s": statistics.median(ours), "raw_s": statistics.median(raw),
-                     "gather_s": statistics.median(gather)})
+                     "gather_s": statistics.median(gather),
+                     "pack_s": statistics.median(p[0] for p in parts),
+                     "exchange_s": statistics.median(p[1] for p in parts),
+                     "unpack_s": statistics.median(p[2] for p in parts)})
     if rank == 0:
         queue.put(rows)
     dist.barrier()
@@ -190,10 +194,12 @@ def executed(repeats):
         rows = queue.get(timeout=60)
     mb = sum(s.nbytes for s in _exec_set().specs) / 1e6
     print(f"executed switches, 4 gloo ranks, model {mb:.0f} MB, medians of {repeats} runs:")
-    print(f"{'switch':<18}{'MB moved':>9}{'switch ms':>11}{'raw ms':>9}{'gather ms':>11}")
+    print(f"{'switch':<18}{'MB moved':>9}{'switch ms':>11}{'raw ms':>9}{'gather ms':>11}"
+          f"   rank 0: pack / exchange / unpack ms")
     for r in rows:
         print(f"{r['src'] + ' -> ' + r['dst']:<18}{r['bytes'] / 1e6:>9.1f}{r['switch_s'] * 1e3:>11.1f}"
-              f"{r['raw_s'] * 1e3:>9.1f}{r['gather_s'] * 1e3:>11.1f}")
+              f"{r['raw_s'] * 1e3:>9.1f}{r['gather_s'] * 1e3:>11.1f}"
+              f"   {r['pack_s'] * 1e3:.1f} / {r['exchange_s'] * 1e3:.1f} / {r['unpack_s'] * 1e3:.1f}")
     return {
         "exec_model_mb": round(mb, 1),
         "exec_pairs": len(rows),
@@ -207,10 +213,14 @@ def executed(repeats):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats (under two minutes)")
+    parser.add_argument("--only", choices=["plans", "switches"], help="run one part")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    result = plan_quality([(8, 8), (16, 8), (32, 8)], args.quick)
-    result.update(executed(3 if args.quick else 9))
+    result = {}
+    if args.only != "switches":
+        result.update(plan_quality([(8, 8), (16, 8), (32, 8)], args.quick))
+    if args.only != "plans":
+        result.update(executed(3 if args.quick else 9))
     result["seconds"] = round(time.perf_counter() - start, 1)
     print("RESULT " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
 

@@ -261,6 +261,11 @@ PYBIND11_MODULE(_C, m) {
         info["bytes_received"] = result.bytesReceived;
         info["peak_staging_bytes"] = result.peakStagingBytes;
         info["seconds"] = result.seconds;
+        info["pack_seconds"] = result.packSeconds;
+        info["exchange_seconds"] = result.exchangeSeconds;
+        info["unpack_seconds"] = result.unpackSeconds;
         return py::make_tuple(result.buffers, info);
-      }, py::arg("plan"), py::arg("src"), py::arg("max_buffer_bytes") = 0, py::arg("timeout") = 300.0);
+      }, py::arg("plan"), py::arg("src"), py::arg("max_buffer_bytes") = 0, py::arg("timeout") = 300.0)
+      .def("release_staging", &SwitchExecutor::releaseStaging)
+      .def_property_readonly("staging_bytes", &SwitchExecutor::stagingBytes);
 }

@@ -135,6 +135,11 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
   for (int r = 0; r < world; ++r) {
     plan.srcBuffers.push_back(from.rank(r).buffers);
     plan.dstBuffers.push_back(to.rank(r).buffers);
+    std::vector<int64_t> covered(to.rank(r).buffers.size(), 0);
+    for (const Piece& p : to.rank(r).pieces) covered[p.buffer] += p.box.numel();
+    std::vector<bool> full;
+    for (size_t b = 0; b < covered.size(); ++b) full.push_back(covered[b] == to.rank(r).buffers[b].numel());
+    plan.dstFullyCovered.push_back(std::move(full));
   }
 
   // Source pieces per (tensor, summand slot).

@@ -75,6 +75,7 @@ struct RedistributionPlan {
   std::vector<int64_t> elementSizes;   // per tensor
   std::vector<std::vector<BufferSpec>> srcBuffers;  // per rank
   std::vector<std::vector<BufferSpec>> dstBuffers;  // per rank
+  std::vector<std::vector<bool>> dstFullyCovered;   // per rank, per buffer: no padding
   std::vector<Message> messages;                    // sorted by (src, dst)
   std::vector<std::vector<Segment>> localCopies;    // per rank
   std::vector<int64_t> sendBytes;                   // per rank

@@ -129,6 +129,23 @@ std::vector<std::vector<Message>> SwitchExecutor::rounds(const RedistributionPla
   return out;
 }
 
+at::Tensor SwitchExecutor::staging(size_t slot, int64_t bytes, const at::TensorOptions& options) {
+  if (staging_.size() <= slot) staging_.resize(slot + 1);
+  at::Tensor& buf = staging_[slot];
+  if (!buf.defined() || buf.numel() < bytes || buf.device() != options.device()) {
+    buf = at::empty({bytes}, options);
+  }
+  return buf.narrow(0, 0, bytes);
+}
+
+void SwitchExecutor::releaseStaging() { staging_.clear(); }
+
+int64_t SwitchExecutor::stagingBytes() const {
+  int64_t total = 0;
+  for (const at::Tensor& t : staging_) total += t.defined() ? t.numel() : 0;
+  return total;
+}
+
 SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vector<at::Tensor>& src,
                                  const SwitchOptions& options) {
   const int me = transport_->rank();
@@ -155,9 +172,12 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
   const auto start = std::chrono::steady_clock::now();
   auto byteOpts = at::TensorOptions().dtype(at::kByte).device(device);
   SwitchResult result;
-  for (const BufferSpec& b : plan.dstBuffers[me]) {
+  for (size_t i = 0; i < plan.dstBuffers[me].size(); ++i) {
+    const BufferSpec& b = plan.dstBuffers[me][i];
     auto opts = at::TensorOptions().dtype(toScalarType(b.dtype)).device(device);
-    result.buffers.push_back(at::zeros({b.numel()}, opts));
+    // Sums accumulate into zeros; copies overwrite every element but ZeRO padding.
+    bool overwritten = !plan.sumsSummands && plan.dstFullyCovered[me][i];
+    result.buffers.push_back(overwritten ? at::empty({b.numel()}, opts) : at::zeros({b.numel()}, opts));
   }
   auto dstView = [&](const Segment& s) {
     return view(result.buffers[s.dstBuffer], s.box, s.dstStrides, s.dstOffset);
@@ -167,8 +187,11 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
   };
   auto typeOf = [&](const Segment& s) { return toScalarType(plan.dtypes[s.tensor]); };
 
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   // Contributions are applied in the plan's segment order within a round, local copies
   // first, so sums are deterministic for a given plan and bound.
+  auto localStart = Clock::now();
   for (const Segment& s : plan.localCopies[me]) {
     if (plan.sumsSummands) {
       dstView(s).add_(srcView(s));
@@ -177,18 +200,35 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
     }
   }
 
-  std::vector<std::vector<Message>> rounds = SwitchExecutor::rounds(plan, options.maxBufferBytes);
-  result.rounds = static_cast<int>(rounds.size());
-  for (const auto& round : rounds) {
+  result.packSeconds += since(localStart);
+  auto rounds = options.maxBufferBytes == 0 ? std::vector<std::vector<Message>>{}
+                                            : SwitchExecutor::rounds(plan, options.maxBufferBytes);
+  result.rounds = rounds.empty() ? 1 : static_cast<int>(rounds.size());
+  for (int k = 0; k < result.rounds; ++k) {
+    const std::vector<Message>& round = rounds.empty() ? plan.messages : rounds[k];
+    auto packStart = Clock::now();
     std::vector<PeerBuffer> sends, recvs;
     std::vector<const Message*> incoming;
-    int64_t staging = 0;
+    // Pass 1: sizes, so that one staging buffer per direction holds the round.
+    int64_t sendTotal = 0, recvTotal = 0;
+    std::vector<std::pair<int64_t, std::vector<int64_t>>> layout;
     for (const Message& m : round) {
       if (m.src != me && m.dst != me) continue;
       int64_t total = 0;
       std::vector<int64_t> offsets = packOffsets(plan, m, &total);
-      at::Tensor bytes = at::empty({total}, byteOpts);
-      staging += total;
+      layout.push_back({total, std::move(offsets)});
+      (m.src == me ? sendTotal : recvTotal) += (total + 15) / 16 * 16;
+    }
+    at::Tensor sendArena = staging(0, sendTotal, byteOpts);
+    at::Tensor recvArena = staging(1, recvTotal, byteOpts);
+    int64_t sendAt = 0, recvAt = 0;
+    size_t li = 0;
+    for (const Message& m : round) {
+      if (m.src != me && m.dst != me) continue;
+      const auto& [total, offsets] = layout[li++];
+      int64_t& at = m.src == me ? sendAt : recvAt;
+      at::Tensor bytes = (m.src == me ? sendArena : recvArena).narrow(0, at, total);
+      at += (total + 15) / 16 * 16;
       if (m.src == me) {
         for (size_t i = 0; i < m.segments.size(); ++i) {
           const Segment& s = m.segments[i];
@@ -202,15 +242,26 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
         result.bytesReceived += m.bytes;
       }
     }
-    result.peakStagingBytes = std::max(result.peakStagingBytes, staging);
-    transport_->exchange(sends, recvs, options.timeout);
-    for (size_t k = 0; k < recvs.size(); ++k) {
-      const Message& m = *incoming[k];
+    result.peakStagingBytes = std::max(result.peakStagingBytes, sendTotal + recvTotal);
+    result.packSeconds += since(packStart);
+    auto exchangeStart = Clock::now();
+    try {
+      transport_->exchange(sends, recvs, options.timeout);
+    } catch (...) {
+      // The transport keeps the failed call's buffers alive for late peers; new runs must
+      // not write into them.
+      staging_.clear();
+      throw;
+    }
+    result.exchangeSeconds += since(exchangeStart);
+    auto unpackStart = Clock::now();
+    for (size_t j = 0; j < recvs.size(); ++j) {
+      const Message& m = *incoming[j];
       int64_t total = 0;
       std::vector<int64_t> offsets = packOffsets(plan, m, &total);
       for (size_t i = 0; i < m.segments.size(); ++i) {
         const Segment& s = m.segments[i];
-        at::Tensor packed = packedView(recvs[k].buffer, offsets[i], s, plan.elementSizes[s.tensor],
+        at::Tensor packed = packedView(recvs[j].buffer, offsets[i], s, plan.elementSizes[s.tensor],
                                        typeOf(s));
         if (plan.sumsSummands) {
           dstView(s).add_(packed);
@@ -219,6 +270,7 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
         }
       }
     }
+    result.unpackSeconds += since(unpackStart);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   HS_LOG_DEBUG("switch", "rank ", me, ": sent ", result.bytesSent, " B, received ",

@@ -33,7 +33,10 @@ struct SwitchResult {
   int64_t bytesSent = 0;
   int64_t bytesReceived = 0;
   int64_t peakStagingBytes = 0;  // largest send + receive staging of one round
-  double seconds = 0;
+  double seconds = 0;          // the whole run, of which:
+  double packSeconds = 0;      //   local copies and packing send buffers
+  double exchangeSeconds = 0;  //   the transport's exchanges
+  double unpackSeconds = 0;    //   unpacking received buffers
 };
 
 class SwitchExecutor {
@@ -52,8 +55,17 @@ class SwitchExecutor {
 
   const std::shared_ptr<Transport>& transport() const { return transport_; }
 
+  // Frees the staging buffers kept between runs (see run()).
+  void releaseStaging();
+  int64_t stagingBytes() const;
+
  private:
+  // A byte buffer of at least `bytes`, reused across runs: the same switch repeats every
+  // training step, and fresh large buffers cost page faults each time. Grows, never shrinks.
+  at::Tensor staging(size_t slot, int64_t bytes, const at::TensorOptions& options);
+
   std::shared_ptr<Transport> transport_;
+  std::vector<at::Tensor> staging_;
 };
 
 }  // namespace hotswitch

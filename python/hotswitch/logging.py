@@ -1,14 +1,13 @@
 """Logging for hotswitch: one logger per subsystem under ``hotswitch``; one level for
-Python and C++ from ``HOTSWITCH_LOG_LEVEL`` (trace, debug, info, warn, error, off)."""
+Python and C++ from ``HOTSWITCH_LOG_LEVEL`` (trace, debug, info, warn, error, off), which
+the C++ core reads once and Python takes from it."""
 
 import logging
-import os
 
 from hotswitch import _C
 
 __all__ = ["get_logger", "set_log_level"]
 
-LEVEL_ENV = "HOTSWITCH_LOG_LEVEL"
 _PY_LEVELS = {
     "trace": logging.DEBUG,
     "debug": logging.DEBUG,
@@ -34,14 +33,13 @@ def get_logger(subsystem: str) -> logging.Logger:
     return _root.getChild(subsystem)
 
 
-def _configure_from_env() -> None:
+def _configure() -> None:
     if not _root.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[%(asctime)s] [%(name)s] [%(levelname)s] %(message)s"))
         _root.addHandler(handler)
         _root.propagate = False
-    level = os.environ.get(LEVEL_ENV, "warn")
-    _root.setLevel(_PY_LEVELS.get(level, logging.WARNING))
+    _root.setLevel(_PY_LEVELS[_C.log_level()])
 
 
-_configure_from_env()
+_configure()

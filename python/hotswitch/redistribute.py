@@ -37,13 +37,17 @@ class SwitchResult:
     under the destination layout) or, for a ``"zero"`` destination, one flat 1-D tensor.
     ``stats``: the plan's figures for the whole world (bytes, inter-node bytes, largest
     per-rank send and receive, messages, and their lower bounds), in bytes.
-    ``seconds``: wall time of this rank's exchange; ``plan_cached``: whether the plan came
-    from the cache; ``rounds``: exchanges run under ``max_buffer_bytes``.
+    ``seconds``: wall time of this rank's switch, split into ``pack_seconds`` (local copies
+    and packing), ``exchange_seconds`` and ``unpack_seconds``; ``plan_cached``: whether the
+    plan came from the cache; ``rounds``: exchanges run under ``max_buffer_bytes``.
     """
 
     shards: Shards
     stats: Dict[str, int]
     seconds: float
+    pack_seconds: float
+    exchange_seconds: float
+    unpack_seconds: float
     rounds: int
     bytes_sent: int
     bytes_received: int
@@ -253,6 +257,9 @@ def switch(
         shards=out,
         stats=plan.stats,
         seconds=info["seconds"],
+        pack_seconds=info["pack_seconds"],
+        exchange_seconds=info["exchange_seconds"],
+        unpack_seconds=info["unpack_seconds"],
         rounds=info["rounds"],
         bytes_sent=info["bytes_sent"],
         bytes_received=info["bytes_received"],
