@@ -22,6 +22,11 @@ at::ScalarType toScalarType(DType dtype) {
 
 namespace {
 
+// Messages start 8-byte aligned in the staging buffers, so every segment can be viewed in its
+// dtype; the rounds reserve this padding.
+constexpr int64_t kAlign = 8;
+int64_t alignUp(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
 at::Tensor view(const at::Tensor& flat, const Box& box, const Shape& strides, int64_t offset) {
   return flat.as_strided(box.sizes(), strides, flat.storage_offset() + offset);
 }
@@ -68,17 +73,14 @@ std::vector<std::vector<Message>> SwitchExecutor::rounds(const RedistributionPla
                                                          int64_t maxBufferBytes) {
   HS_CHECK(maxBufferBytes >= 0, "max_buffer_bytes must be >= 0, got ", maxBufferBytes);
   if (maxBufferBytes == 0) return {plan.messages};
-  int64_t largestElement = 1;
-  for (int64_t e : plan.elementSizes) largestElement = std::max(largestElement, e);
-  // Room for alignment padding between segments.
-  const int64_t room = maxBufferBytes - largestElement;
-  HS_CHECK(room >= largestElement, "max_buffer_bytes(", maxBufferBytes,
-           ") must be at least twice the largest element size(", largestElement, ")");
+  HS_CHECK(maxBufferBytes >= 2 * kAlign, "max_buffer_bytes(", maxBufferBytes,
+           ") must be 0 (no bound) or at least ", 2 * kAlign);
+  const int64_t room = maxBufferBytes - kAlign;  // what a segment may fill beside its padding
 
   std::vector<std::vector<Message>> out;
   std::vector<std::vector<int64_t>> load;  // per round, per rank: send + receive bytes
   auto place = [&](const Message& m, const Segment& s, int64_t bytes) {
-    int64_t need = bytes + plan.elementSizes[s.tensor];  // worst-case alignment padding
+    int64_t need = bytes + kAlign;  // with its alignment padding
     size_t r = 0;
     for (; r < out.size(); ++r) {
       if (load[r][m.src] + need <= maxBufferBytes && load[r][m.dst] + need <= maxBufferBytes) break;
@@ -90,19 +92,11 @@ std::vector<std::vector<Message>> SwitchExecutor::rounds(const RedistributionPla
     load[r][m.src] += need;
     load[r][m.dst] += need;
     auto& round = out[r];
-    if (round.empty() || round.back().src != m.src || round.back().dst != m.dst) {
-      auto it = std::find_if(round.begin(), round.end(),
-                             [&](const Message& x) { return x.src == m.src && x.dst == m.dst; });
-      if (it == round.end()) {
-        round.push_back(Message{m.src, m.dst, {}, 0});
-        it = round.end() - 1;
-      }
-      it->segments.push_back(s);
-      it->bytes += bytes;
-      return;
-    }
-    round.back().segments.push_back(s);
-    round.back().bytes += bytes;
+    auto it = std::find_if(round.rbegin(), round.rend(),
+                           [&](const Message& x) { return x.src == m.src && x.dst == m.dst; });
+    Message* target = it == round.rend() ? &round.emplace_back(Message{m.src, m.dst, {}, 0}) : &*it;
+    target->segments.push_back(s);
+    target->bytes += bytes;
   };
   for (const Message& m : plan.messages) {
     for (const Segment& s : m.segments) {
@@ -217,7 +211,7 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
       int64_t total = 0;
       std::vector<int64_t> offsets = packOffsets(plan, m, &total);
       layout.push_back({total, std::move(offsets)});
-      (m.src == me ? sendTotal : recvTotal) += (total + 15) / 16 * 16;
+      (m.src == me ? sendTotal : recvTotal) += alignUp(total);
     }
     at::Tensor sendArena = staging(0, sendTotal, byteOpts);
     at::Tensor recvArena = staging(1, recvTotal, byteOpts);
@@ -228,7 +222,7 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
       const auto& [total, offsets] = layout[li++];
       int64_t& at = m.src == me ? sendAt : recvAt;
       at::Tensor bytes = (m.src == me ? sendArena : recvArena).narrow(0, at, total);
-      at += (total + 15) / 16 * 16;
+      at += alignUp(total);
       if (m.src == me) {
         for (size_t i = 0; i < m.segments.size(); ++i) {
           const Segment& s = m.segments[i];

@@ -21,6 +21,7 @@ __all__ = ["SwitchResult", "TensorSet", "plan_switch", "switch", "default_topolo
 TensorSet = _C.TensorSet
 PLACEMENT_KINDS = ("sharded", "zero", "partial")
 DEFAULT_TIMEOUT_S = 300.0
+MIN_BUFFER_BYTES = 16  # room for one element and its alignment
 
 _log = get_logger("switch")
 _default_cache = _C.PlanCache()
@@ -143,13 +144,16 @@ def _agree(transport, rank: int, world: int, error: Optional[str], lines: List[s
     decoded = {p: bytes(texts[p].tolist()).decode() for p in peers}
     decoded[rank] = text.decode()
     described = {p: decoded[p].split("\0", 1)[0].split("\n") for p in range(world)}
-    for p in range(1, world):
-        ref, other = described[0], described[p]
+    # Compare the ranks that got far enough to describe their switch; the rest refused it.
+    complete = [p for p in range(world) if described[p] != [""]]
+    for p in complete[1:]:
+        ref, other = described[complete[0]], described[p]
         for i in range(max(len(ref), len(other))):
             a = ref[i] if i < len(ref) else "<nothing>"
             b = other[i] if i < len(other) else "<nothing>"
             if a != b:
-                raise ValueError(f"ranks disagree on the switch: rank 0 has {a!r} where rank {p} has {b!r}")
+                raise ValueError(f"ranks disagree on the switch: rank {complete[0]} has {a!r} "
+                                 f"where rank {p} has {b!r}")
     for p in range(world):
         if int(headers[p][0]) == 0:
             raise ValueError(f"switch refused by rank {p}: {decoded[p].split(chr(0), 1)[1]}")
@@ -221,15 +225,21 @@ def switch(
         if not dist.is_initialized():
             raise ValueError("torch.distributed is not initialized; call init_process_group first")
         group = dist.group.WORLD
-    if not isinstance(max_buffer_bytes, int) or max_buffer_bytes < 0:
-        raise ValueError(f"max_buffer_bytes must be an int >= 0, got {max_buffer_bytes!r}")
-    if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     transport, executor = _executor(group)
 
     error, lines, plan, cached, buffers = None, [], None, False, []
+    # Every check below runs on every rank and reaches the others through _agree, so that a
+    # rank's bad input makes all ranks raise instead of leaving them waiting.
+    agree_timeout = timeout
     try:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            agree_timeout = DEFAULT_TIMEOUT_S
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if isinstance(max_buffer_bytes, bool) or not isinstance(max_buffer_bytes, int) or not (
+                max_buffer_bytes == 0 or max_buffer_bytes >= MIN_BUFFER_BYTES):
+            raise ValueError(f"max_buffer_bytes must be 0 (no bound) or an int >= {MIN_BUFFER_BYTES}, "
+                             f"got {max_buffer_bytes!r}")
         if not isinstance(tensor_set, _C.TensorSet):
             raise ValueError(f"tensor_set must be a hotswitch.TensorSet, got {type(tensor_set).__name__}")
         for name, layout in (("src", src), ("dst", dst)):
@@ -238,13 +248,14 @@ def switch(
             layout.validate(world)
         _check_kind(src_kind, "src_kind")
         _check_kind(dst_kind, "dst_kind")
-        lines = _describe(tensor_set, src, dst, src_kind, dst_kind)
+        # Ranks must agree on the bound too: it decides the exchange rounds.
+        lines = _describe(tensor_set, src, dst, src_kind, dst_kind) + [f"max_buffer_bytes {max_buffer_bytes}"]
         topology = topology or default_topology(world)
         plan, cached = (cache or _default_cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
         buffers = _flatten_shards(shards, plan, tensor_set, rank, src_kind)
     except ValueError as e:
         error = str(e)
-    _agree(transport, rank, world, error, lines, timeout)
+    _agree(transport, rank, world, error, lines, agree_timeout)
 
     new_buffers, info = executor.run(plan, buffers, max_buffer_bytes, float(timeout))
     specs = plan.dst_buffers(rank)

@@ -77,6 +77,10 @@ def bad_input(rank, world, case):
         b = hs.Layout.parse("dp2tp4")
     elif case == "layout_disagree" and rank == 2:
         b = hs.Layout.parse("tp4")
+    elif case == "bound" and rank == 1:
+        kwargs["max_buffer_bytes"] = 4096
+    elif case == "bad_bound" and rank == 0:
+        kwargs["max_buffer_bytes"] = -5
     elif case == "kind":
         kwargs["dst_kind"] = "sharded_zero"
     elif case == "uneven":

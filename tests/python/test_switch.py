@@ -55,6 +55,8 @@ def test_bounded_memory_runs_in_rounds():
     ("layout_world", "!= world(4)"),
     ("layout_disagree", "rank 2"),
     ("kind", "'sharded_zero'"),
+    ("bound", "max_buffer_bytes"),
+    ("bad_bound", "-5"),
     ("uneven", "is not divisible by tp("),
 ])
 def test_bad_input_raises_value_error_everywhere_and_changes_nothing(case, needle):

@@ -1,0 +1,78 @@
+"""Single-process checks of the Python API: layouts, specs, plans, and their errors."""
+
+import pytest
+import torch
+
+import hotswitch as hs
+from reference import full_tensors, local_shards, model_set, zero_shard
+
+
+def test_layout_round_trip_and_groups():
+    layout = hs.Layout(dp=2, tp=2, pp=2)
+    assert layout.name == "dp2tp2pp2" and layout.world == 8
+    assert hs.Layout.parse("dp2tp2pp2") == layout
+    assert layout.group("tp", 5) == [4, 5]
+    assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.coord(6) == {"dp": 1, "tp": 0, "pp": 1, "cp": 0}
+    other = hs.Layout.parse("dp2tp4/dp-tp-cp-pp")
+    assert other.order == "dp-tp-cp-pp" and other.group("dp", 0) == [0, 1]
+    assert len(hs.Layout.enumerate(8)) == 10
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: hs.Layout(dp=0), "dp degree must be >= 1, got 0"),
+    (lambda: hs.Layout.parse("dp2xx"), "'dp2xx'"),
+    (lambda: hs.Layout(dp=2, order="tp-dp-pp"), "names 3 axes"),
+    (lambda: hs.Layout(dp=2, tp=3).validate(8), "dp(2) * tp(3) * pp(1) * cp(1) = 6 != world(8)"),
+    (lambda: hs.Topology(6, 4), "world(6) is not a multiple of ranks_per_node(4)"),
+    (lambda: hs.ParamSpec("w", [4, 0]), "has a dim < 1"),
+    (lambda: hs.ParamSpec("w", [4], rule="row"), "splits dim 1"),
+    (lambda: hs.ParamSpec("w", [6, 2], rule="fused_column", groups=[2, 2]), "sum to 4"),
+    (lambda: hs.ParamSpec("w", [4], dtype="float8"), "dtype 'float8'"),
+    (lambda: hs.ParamSpec("w", [4], stage="middle"), "stage 'middle'"),
+    (lambda: hs.TensorSet([hs.ParamSpec("w", [4]), hs.ParamSpec("w", [4])], 1), "'w' appears twice"),
+    (lambda: hs.TensorSet([hs.ParamSpec("w", [4], layer=3)], 2), "layer 3 outside"),
+    (lambda: hs.plan_switch("not a set", hs.Layout(dp=2), hs.Layout(tp=2)), "TensorSet"),
+    (lambda: hs.plan_switch(model_set(), hs.Layout(dp=2), hs.Layout(tp=2), dst_kind="partial"),
+     "can only be a source"),
+    (lambda: hs.plan_switch(model_set(), hs.Layout(dp=2), hs.Layout(tp=3, dp=1)), "= 3 != world(2)"),
+    (lambda: hs.plan_switch(model_set(), hs.Layout(dp=2), hs.Layout(tp=2), src_kind="full"),
+     "src_kind 'full'"),
+    (lambda: hs.plan_switch(model_set(), hs.Layout(dp=2), hs.Layout(tp=2), policy="random"),
+     "sender policy 'random'"),
+    (lambda: hs.set_log_level("loud"), "'loud'"),
+    (lambda: hs.llama_tensor_set(hidden_size=100, num_attention_heads=32), "hidden_size(100)"),
+])
+def test_bad_input_raises_value_error_naming_the_value(make, needle):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert needle in str(info.value)
+
+
+def test_plan_figures_and_cache():
+    ts = model_set()
+    cache = hs.PlanCache()
+    plan = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache)
+    again = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache)
+    assert len(cache) == 1 and again.stats == plan.stats
+    stats = plan.stats
+    assert stats["bytes_moved"] == stats["lower_bound_bytes"] > 0
+    assert stats["max_send_bytes"] == stats["lower_bound_max_send_bytes"]
+    assert sum(plan.send_bytes) == stats["bytes_moved"] == sum(m[2] for m in plan.messages())
+    greedy = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), policy="greedy", cache=cache)
+    assert greedy.stats["bytes_moved"] == stats["bytes_moved"]
+    two_nodes = hs.plan_switch(ts, hs.Layout(dp=2, tp=2), hs.Layout(tp=4), topology=hs.Topology(4, 2))
+    assert two_nodes.stats["inter_node_bytes"] == two_nodes.stats["lower_bound_inter_node_bytes"] == 0
+
+
+@pytest.mark.parametrize("layout", ["dp4", "dp2tp2", "tp2pp2", "pp4", "tp4/dp-tp-cp-pp"])
+def test_shard_tensors_match_the_reference(layout):
+    ts = model_set()
+    fulls = full_tensors(ts)
+    lay = hs.Layout.parse(layout)
+    for rank in range(4):
+        ours = hs.shard_tensors(fulls, ts, lay, rank)
+        ref = local_shards(ts, fulls, lay, rank)
+        assert ours.keys() == ref.keys()
+        assert all(torch.equal(ours[k], ref[k]) for k in ref)
+        assert torch.equal(hs.shard_tensors(fulls, ts, lay, rank, "zero"), zero_shard(ts, fulls, lay, rank))
