@@ -95,7 +95,7 @@ def plan_switch(
     _check_kind(dst_kind, "dst_kind")
     if topology is None:
         topology = _C.Topology(src.world, src.world)
-    plan, _ = (cache or _default_cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, policy)
+    plan, _ = (_default_cache if cache is None else cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, policy)
     return plan
 
 
@@ -251,7 +251,7 @@ def switch(
         # Ranks must agree on the bound too: it decides the exchange rounds.
         lines = _describe(tensor_set, src, dst, src_kind, dst_kind) + [f"max_buffer_bytes {max_buffer_bytes}"]
         topology = topology or default_topology(world)
-        plan, cached = (cache or _default_cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
+        plan, cached = (_default_cache if cache is None else cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
         buffers = _flatten_shards(shards, plan, tensor_set, rank, src_kind)
     except ValueError as e:
         error = str(e)
