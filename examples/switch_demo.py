@@ -2,7 +2,7 @@
 and prints what moved.
 
     /usr/bin/python3 examples/switch_demo.py --world 4            # spawns 4 local gloo ranks
-    torchrun --nproc-per-node 4 examples/switch_demo.py           # or let torchrun launch them
+    torchrun --nproc-per-node 4 examples/switch_demo.py           # or torchrun (PyTorch 2.x)
 """
 
 import argparse

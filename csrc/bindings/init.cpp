@@ -267,5 +267,7 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(result.buffers, info);
       }, py::arg("plan"), py::arg("src"), py::arg("max_buffer_bytes") = 0, py::arg("timeout") = 300.0)
       .def("release_staging", &SwitchExecutor::releaseStaging)
+      .def("donate", &SwitchExecutor::donate, py::arg("tensors"))
+      .def_property_readonly("donated_bytes", &SwitchExecutor::donatedBytes)
       .def_property_readonly("staging_bytes", &SwitchExecutor::stagingBytes);
 }

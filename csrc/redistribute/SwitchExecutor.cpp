@@ -132,12 +132,46 @@ at::Tensor SwitchExecutor::staging(size_t slot, int64_t bytes, const at::TensorO
   return buf.narrow(0, 0, bytes);
 }
 
-void SwitchExecutor::releaseStaging() { staging_.clear(); }
+void SwitchExecutor::releaseStaging() {
+  staging_.clear();
+  donated_.clear();
+}
+
+void SwitchExecutor::donate(std::vector<at::Tensor> tensors) {
+  donated_.clear();
+  for (at::Tensor& t : tensors) {
+    if (t.defined() && t.is_contiguous() && t.storage_offset() == 0 &&
+        static_cast<int64_t>(t.storage().nbytes()) == t.numel() * t.element_size()) {
+      // A fresh 1-D tensor over the storage, not a view: a view would keep its base alive,
+      // and with it a second reference to the storage.
+      donated_.push_back(at::empty({0}, t.options()).set_(t.storage(), 0, {t.numel()}, {1}));
+    }
+  }
+}
+
+int64_t SwitchExecutor::donatedBytes() const {
+  int64_t total = 0;
+  for (const at::Tensor& t : donated_) total += t.numel() * t.element_size();
+  return total;
+}
+
+at::Tensor SwitchExecutor::reuseDonated(int64_t numel, const at::TensorOptions& options) {
+  for (size_t i = 0; i < donated_.size(); ++i) {
+    const at::Tensor& t = donated_[i];
+    if (t.numel() == numel && t.scalar_type() == options.dtype().toScalarType() &&
+        t.device() == options.device() && t.storage().use_count() == 1) {
+      at::Tensor out = donated_[i];
+      donated_.erase(donated_.begin() + i);
+      return out;
+    }
+  }
+  return at::Tensor();
+}
 
 int64_t SwitchExecutor::stagingBytes() const {
   int64_t total = 0;
   for (const at::Tensor& t : staging_) total += t.defined() ? t.numel() : 0;
-  return total;
+  return total;  // bytes: staging buffers are uint8
 }
 
 SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vector<at::Tensor>& src,
@@ -171,7 +205,10 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
     auto opts = at::TensorOptions().dtype(toScalarType(b.dtype)).device(device);
     // Sums accumulate into zeros; copies overwrite every element but ZeRO padding.
     bool overwritten = !plan.sumsSummands && plan.dstFullyCovered[me][i];
-    result.buffers.push_back(overwritten ? at::empty({b.numel()}, opts) : at::zeros({b.numel()}, opts));
+    at::Tensor buf = reuseDonated(b.numel(), opts);
+    if (!buf.defined()) buf = at::empty({b.numel()}, opts);
+    if (!overwritten) buf.zero_();
+    result.buffers.push_back(buf);
   }
   auto dstView = [&](const Segment& s) {
     return view(result.buffers[s.dstBuffer], s.box, s.dstStrides, s.dstOffset);

@@ -55,17 +55,28 @@ class SwitchExecutor {
 
   const std::shared_ptr<Transport>& transport() const { return transport_; }
 
-  // Frees the staging buffers kept between runs (see run()).
+  // Frees the staging buffers and donated tensors kept between runs.
   void releaseStaging();
   int64_t stagingBytes() const;
+
+  // Offers tensors whose memory later runs may reuse for destination buffers of the same
+  // element count, dtype and device: typically the source shards of the switch that just
+  // succeeded, which the caller is about to drop. A donated tensor is reused only once its
+  // storage has no other user, so a caller that keeps a reference is never overwritten.
+  // Replaces the previous donation, so at most one donation's memory is held.
+  void donate(std::vector<at::Tensor> tensors);
+  int64_t donatedBytes() const;
 
  private:
   // A byte buffer of at least `bytes`, reused across runs: the same switch repeats every
   // training step, and fresh large buffers cost page faults each time. Grows, never shrinks.
   at::Tensor staging(size_t slot, int64_t bytes, const at::TensorOptions& options);
+  // A donated tensor matching the spec and free of other users, or an undefined tensor.
+  at::Tensor reuseDonated(int64_t numel, const at::TensorOptions& options);
 
   std::shared_ptr<Transport> transport_;
   std::vector<at::Tensor> staging_;
+  std::vector<at::Tensor> donated_;
 };
 
 }  // namespace hotswitch

@@ -204,6 +204,7 @@ def switch(
     max_buffer_bytes: int = 0,
     timeout: float = DEFAULT_TIMEOUT_S,
     cache: Optional["_C.PlanCache"] = None,
+    donate: bool = False,
 ) -> SwitchResult:
     """Switches this rank's shards of ``tensor_set`` from layout ``src`` to layout ``dst``.
 
@@ -214,7 +215,10 @@ def switch(
     before data-parallel reduction) the destination receives the sum of all summands.
 
     ``max_buffer_bytes`` bounds the staging memory of one exchange round per rank (0: none);
-    ``timeout`` (seconds, default 300) bounds the whole exchange.
+    ``timeout`` (seconds, default 300) bounds the whole exchange. With ``donate=True`` the
+    memory of the input shards may be reused for the outputs of a later switch of this
+    group, once nothing else refers to it: the steady state of switching back and forth
+    then allocates nothing. A shard the caller still holds is never overwritten.
 
     Raises ``ValueError`` on every rank, before any shard data moves, when a rank's input is
     wrong or ranks disagree (the message names the rank and the first difference);
@@ -258,6 +262,9 @@ def switch(
     _agree(transport, rank, world, error, lines, agree_timeout)
 
     new_buffers, info = executor.run(plan, buffers, max_buffer_bytes, float(timeout))
+    if donate:
+        executor.donate(buffers)
+    del buffers
     specs = plan.dst_buffers(rank)
     if dst_kind == "zero":
         out: Shards = new_buffers[0]

@@ -133,3 +133,27 @@ def peer_fault(rank, world, mode, victim, timeout):
     except hs.SwitchFault as e:
         outcome = f"SwitchFault: {e}"
     return outcome, time.monotonic() - start, _equal(shards, before)
+
+
+def donated_ping_pong(rank, world):
+    """Switching back and forth with donate=True reuses memory yet stays exact, and never
+    overwrites a donated shard the caller kept."""
+    ts = model_set()
+    fulls = full_tensors(ts)
+    a, b = hs.Layout.parse("tp2pp2"), hs.Layout.parse("dp2tp2")
+    kept = shards_for(ts, fulls, a, rank, "sharded")
+    kept_copy = {k: v.clone() for k, v in kept.items()}
+    shards = hs.switch(kept, ts, a, b, donate=True).shards  # `kept` is still referenced
+    reused = 0
+    for step in range(4):
+        src, dst = (b, a) if step % 2 == 0 else (a, b)
+        ptrs = {v.data_ptr() for v in shards.values()}
+        out = hs.switch(shards, ts, src, dst, donate=True).shards
+        del shards
+        shards = out
+        if step >= 1:
+            reused += sum(v.data_ptr() in previous for v in shards.values())
+        previous = ptrs
+        if not _equal(shards, shards_for(ts, fulls, dst, rank, "sharded")):
+            return False, reused, "wrong shards"
+    return _equal(kept, kept_copy), reused, "ok"

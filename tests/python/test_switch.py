@@ -76,3 +76,10 @@ def test_faulty_peer_raises_within_timeout_and_keeps_old_shards(mode):
         assert "rank" in outcome
         assert seconds < timeout + 5, seconds
         assert intact
+
+
+def test_donated_shards_are_reused_but_never_while_referenced():
+    for intact, reused, note in run_world(4, w.donated_ping_pong):
+        assert note == "ok"
+        assert intact
+        assert reused > 0
