@@ -41,6 +41,18 @@ py::dict statsDict(const PlanStats& s) {
   return d;
 }
 
+// Seconds from Python as a duration; InvalidArgument unless finite and in (0, 1e7].
+std::chrono::milliseconds toTimeout(double seconds) {
+  HS_CHECK(seconds > 0 && seconds <= 1e7, "timeout must be in (0, 1e7] seconds, got ", seconds);
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1e3 + 0.5));
+}
+
+const std::vector<BufferSpec>& buffersOf(const std::vector<std::vector<BufferSpec>>& perRank, int rank) {
+  HS_CHECK(rank >= 0 && rank < static_cast<int>(perRank.size()), "rank ", rank, " outside world(",
+           perRank.size(), ")");
+  return perRank[rank];
+}
+
 py::list buffersList(const std::vector<BufferSpec>& buffers) {
   py::list out;
   for (const BufferSpec& b : buffers) {
@@ -198,9 +210,9 @@ PYBIND11_MODULE(_C, m) {
         }
         return out;
       })
-      .def("src_buffers", [](const CachedPlan& c, int rank) { return buffersList(c.plan.srcBuffers.at(rank)); },
+      .def("src_buffers", [](const CachedPlan& c, int rank) { return buffersList(buffersOf(c.plan.srcBuffers, rank)); },
            py::arg("rank"))
-      .def("dst_buffers", [](const CachedPlan& c, int rank) { return buffersList(c.plan.dstBuffers.at(rank)); },
+      .def("dst_buffers", [](const CachedPlan& c, int rank) { return buffersList(buffersOf(c.plan.dstBuffers, rank)); },
            py::arg("rank"))
       .def("summary", [](const CachedPlan& c) { return c.plan.summary(); });
 
@@ -235,8 +247,9 @@ PYBIND11_MODULE(_C, m) {
         std::vector<PeerBuffer> s, r;
         for (const auto& [peer, buf] : sends) s.push_back({peer, buf});
         for (const auto& [peer, buf] : recvs) r.push_back({peer, buf});
+        auto timeout = toTimeout(timeoutSeconds);
         py::gil_scoped_release release;
-        t.exchange(s, r, std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1e3)));
+        t.exchange(s, r, timeout);
       }, py::arg("sends"), py::arg("recvs"), py::arg("timeout"));
 
   py::class_<C10dTransport, Transport, std::shared_ptr<C10dTransport>>(m, "C10dTransport")
@@ -245,11 +258,11 @@ PYBIND11_MODULE(_C, m) {
   py::class_<SwitchExecutor, std::shared_ptr<SwitchExecutor>>(m, "SwitchExecutor")
       .def(py::init<std::shared_ptr<Transport>>(), py::arg("transport"))
       .def("run", [](SwitchExecutor& ex, const CachedPlan& plan, const std::vector<at::Tensor>& src,
-                     int64_t maxBufferBytes, double timeoutSeconds) {
-        HS_CHECK(timeoutSeconds > 0, "timeout must be > 0 seconds, got ", timeoutSeconds);
+                     int64_t maxBufferBytes, double timeoutSeconds, const std::string& device) {
         SwitchOptions options;
+        if (!device.empty()) options.device = at::Device(device);
         options.maxBufferBytes = maxBufferBytes;
-        options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1e3));
+        options.timeout = toTimeout(timeoutSeconds);
         SwitchResult result;
         {
           py::gil_scoped_release release;
@@ -265,7 +278,8 @@ PYBIND11_MODULE(_C, m) {
         info["exchange_seconds"] = result.exchangeSeconds;
         info["unpack_seconds"] = result.unpackSeconds;
         return py::make_tuple(result.buffers, info);
-      }, py::arg("plan"), py::arg("src"), py::arg("max_buffer_bytes") = 0, py::arg("timeout") = 300.0)
+      }, py::arg("plan"), py::arg("src"), py::arg("max_buffer_bytes") = 0, py::arg("timeout") = 300.0,
+         py::arg("device") = "")
       .def("release_staging", &SwitchExecutor::releaseStaging)
       .def("donate", &SwitchExecutor::donate, py::arg("tensors"))
       .def_property_readonly("donated_bytes", &SwitchExecutor::donatedBytes)

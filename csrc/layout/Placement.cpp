@@ -95,6 +95,11 @@ std::string Placement::key() const {
   return layout_.name() + ":" + placementKindName(kind_);
 }
 
+const RankPlacement& Placement::rank(int r) const {
+  HS_CHECK(r >= 0 && r < world(), "rank ", r, " outside the placement's world(", world(), ")");
+  return ranks_[r];
+}
+
 int Placement::stageOfLayer(int layer, int numLayers, int pp) {
   int base = numLayers / pp;
   int extra = numLayers % pp;
@@ -129,12 +134,15 @@ Placement Placement::make(const TensorSet& set, const Layout& layout, PlacementK
   Placement placement(layout, kind);
   const int world = layout.world();
   placement.ranks_.resize(world);
+  for (const ParamSpec& spec : set.specs) {
+    int stages = static_cast<int>(stagesOf(spec, set.numLayers, layout.pp()).size());
+    placement.summands_.push_back(kind == PlacementKind::kPartial ? layout.dataSize() * stages : 1);
+  }
   for (int r = 0; r < world; ++r) {
     Coord c = layout.coord(r);
     int stage = c[static_cast<int>(Axis::kPp)];
     int t = c[static_cast<int>(Axis::kTp)];
     RankPlacement& out = placement.ranks_[r];
-    int summand = kind == PlacementKind::kPartial ? layout.dataIndex(r) : -1;
 
     // Owned tensors with their shards, in spec order.
     struct Owned {
@@ -155,6 +163,12 @@ Placement Placement::make(const TensorSet& set, const Layout& layout, PlacementK
 
     if (kind != PlacementKind::kZero) {
       for (const Owned& o : owned) {
+        int summand = -1;
+        if (kind == PlacementKind::kPartial) {
+          std::vector<int> stages = stagesOf(set.specs[o.tensor], set.numLayers, layout.pp());
+          int copy = static_cast<int>(std::find(stages.begin(), stages.end(), stage) - stages.begin());
+          summand = copy * layout.dataSize() + layout.dataIndex(r);
+        }
         int buffer = static_cast<int>(out.buffers.size());
         out.buffers.push_back(BufferSpec{o.tensor, o.shape, set.specs[o.tensor].dtype});
         addWindow(out, o.tensor, o.shape, o.parts, 0, numelOf(o.shape), buffer, 0, summand);

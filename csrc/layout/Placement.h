@@ -14,7 +14,8 @@
 //
 // kPartial is the state of gradients before data-parallel reduction: the layout's shards,
 // where the rank with data index k holds summand k of its region; the full value is the sum
-// of all dp * cp summands.
+// of all dp * cp summands. A tensor held by two pipeline stages (a tied embedding) has a
+// summand per stage too: the last stage's copy of data index k is summand dp * cp + k.
 
 #include <cstdint>
 #include <string>
@@ -35,7 +36,7 @@ struct Piece {
   int buffer = 0;    // index into RankPlacement::buffers
   int64_t offset = 0;
   Shape strides;
-  int summand = -1;  // kPartial: the data index whose summand this is; -1 otherwise
+  int summand = -1;  // kPartial: which summand this is (see above); -1 otherwise
 };
 
 struct BufferSpec {
@@ -60,9 +61,11 @@ class Placement {
   const Layout& layout() const { return layout_; }
   PlacementKind kind() const { return kind_; }
   int world() const { return static_cast<int>(ranks_.size()); }
-  const RankPlacement& rank(int r) const { return ranks_.at(r); }
-  // Number of summands per element (dp * cp for kPartial, 1 otherwise).
-  int numSummands() const { return kind_ == PlacementKind::kPartial ? layout_.dataSize() : 1; }
+  // Throws InvalidArgument for a rank outside the world.
+  const RankPlacement& rank(int r) const;
+  // Number of summands per element of the tensor: 1 unless kPartial; for kPartial dp * cp
+  // times the number of pipeline stages holding the tensor.
+  int numSummands(int tensor) const { return summands_.at(tensor); }
   // "dp2tp2:sharded"; used in cache keys and messages.
   std::string key() const;
 
@@ -78,6 +81,7 @@ class Placement {
   Layout layout_;
   PlacementKind kind_;
   std::vector<RankPlacement> ranks_;
+  std::vector<int> summands_;  // per tensor
 };
 
 }  // namespace hotswitch

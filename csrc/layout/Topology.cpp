@@ -11,6 +11,11 @@ Topology::Topology(int world, int ranksPerNode) : world_(world), ranksPerNode_(r
            ranksPerNode, ")");
 }
 
+int Topology::node(int rank) const {
+  HS_CHECK(rank >= 0 && rank < world_, "rank ", rank, " outside world(", world_, ")");
+  return rank / ranksPerNode_;
+}
+
 std::string Topology::toString() const {
   return str("Topology(world=", world_, ", ranks_per_node=", ranksPerNode_, ")");
 }

@@ -16,8 +16,9 @@ class Topology {
   int world() const { return world_; }
   int ranksPerNode() const { return ranksPerNode_; }
   int numNodes() const { return world_ / ranksPerNode_; }
-  int node(int rank) const { return rank / ranksPerNode_; }
-  bool sameNode(int a, int b) const { return node(a) == node(b); }
+  // Throws InvalidArgument for a rank outside the world.
+  int node(int rank) const;
+  bool sameNode(int a, int b) const { return a / ranksPerNode_ == b / ranksPerNode_; }
   std::string toString() const;
 
   bool operator==(const Topology& o) const {

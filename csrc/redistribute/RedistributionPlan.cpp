@@ -143,9 +143,8 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
   }
 
   // Source pieces per (tensor, summand slot).
-  const int numSummands = from.numSummands();
-  std::vector<std::vector<std::vector<PieceRef>>> sources(
-      numTensors, std::vector<std::vector<PieceRef>>(numSummands));
+  std::vector<std::vector<std::vector<PieceRef>>> sources(numTensors);
+  for (int t = 0; t < numTensors; ++t) sources[t].resize(from.numSummands(t));
   for (int r = 0; r < world; ++r) {
     for (const Piece& p : from.rank(r).pieces) {
       sources[p.tensor][plan.sumsSummands ? p.summand : 0].push_back({r, &p});
@@ -155,7 +154,7 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
   std::vector<Demand> demands;
   for (int r = 0; r < world; ++r) {
     for (const Piece& dst : to.rank(r).pieces) {
-      for (int k = 0; k < numSummands; ++k) {
+      for (int k = 0; k < from.numSummands(dst.tensor); ++k) {
         int summand = plan.sumsSummands ? k : -1;
         forEachCell(dst, sources[dst.tensor][k], [&](const Box& cell, std::vector<PieceRef> owners) {
           HS_INTERNAL_CHECK(!owners.empty(), "no source holds ", set.specs[dst.tensor].name, " ",

@@ -101,7 +101,7 @@ std::vector<std::vector<Message>> SwitchExecutor::rounds(const RedistributionPla
   for (const Message& m : plan.messages) {
     for (const Segment& s : m.segments) {
       const int64_t elem = plan.elementSizes[s.tensor];
-      const int64_t maxElems = (room - elem) / elem;
+      const int64_t maxElems = room / elem;  // >= 1: room >= kAlign >= elem
       if (s.numel() <= maxElems) {
         place(m, s, plan.segmentBytes(s));
         continue;
@@ -123,17 +123,17 @@ std::vector<std::vector<Message>> SwitchExecutor::rounds(const RedistributionPla
   return out;
 }
 
-at::Tensor SwitchExecutor::staging(size_t slot, int64_t bytes, const at::TensorOptions& options) {
-  if (staging_.size() <= slot) staging_.resize(slot + 1);
-  at::Tensor& buf = staging_[slot];
-  if (!buf.defined() || buf.numel() < bytes || buf.device() != options.device()) {
-    buf = at::empty({bytes}, options);
+at::Tensor SwitchExecutor::staging(int64_t bytes, int64_t bound, const at::TensorOptions& options) {
+  if (!staging_.defined() || staging_.numel() < bytes || staging_.device() != options.device() ||
+      (bound > 0 && staging_.numel() > bound)) {
+    staging_ = at::Tensor();  // free before allocating: the bound is on what is held
+    staging_ = at::empty({bytes}, options);
   }
-  return buf.narrow(0, 0, bytes);
+  return staging_.narrow(0, 0, bytes);
 }
 
 void SwitchExecutor::releaseStaging() {
-  staging_.clear();
+  staging_ = at::Tensor();
   donated_.clear();
 }
 
@@ -169,9 +169,7 @@ at::Tensor SwitchExecutor::reuseDonated(int64_t numel, const at::TensorOptions& 
 }
 
 int64_t SwitchExecutor::stagingBytes() const {
-  int64_t total = 0;
-  for (const at::Tensor& t : staging_) total += t.defined() ? t.numel() : 0;
-  return total;  // bytes: staging buffers are uint8
+  return staging_.defined() ? staging_.numel() : 0;  // a uint8 buffer
 }
 
 SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vector<at::Tensor>& src,
@@ -183,7 +181,7 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
   HS_CHECK(src.size() == srcSpecs.size(), "rank ", me, " passed ", src.size(),
            " source buffers, the plan expects ", srcSpecs.size());
   HS_CHECK(options.timeout.count() > 0, "timeout must be > 0 ms, got ", options.timeout.count());
-  at::Device device = src.empty() ? at::Device(at::kCPU) : src.front().device();
+  at::Device device = options.device.value_or(src.empty() ? at::Device(at::kCPU) : src.front().device());
   std::vector<at::Tensor> flatSrc;
   for (size_t i = 0; i < src.size(); ++i) {
     HS_CHECK(src[i].defined(), "source buffer ", i, " is undefined");
@@ -235,31 +233,44 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
   auto rounds = options.maxBufferBytes == 0 ? std::vector<std::vector<Message>>{}
                                             : SwitchExecutor::rounds(plan, options.maxBufferBytes);
   result.rounds = rounds.empty() ? 1 : static_cast<int>(rounds.size());
+  auto roundOf = [&](int k) -> const std::vector<Message>& { return rounds.empty() ? plan.messages : rounds[k]; };
+
+  // This rank's messages of each round with their packed layout; one staging buffer holds
+  // the largest round, sends first, then receives.
+  struct Packed {
+    const Message* message;
+    int64_t total;
+    std::vector<int64_t> offsets;
+    int64_t at;  // in the staging buffer
+  };
+  std::vector<std::vector<Packed>> packed(result.rounds);
+  std::vector<int64_t> sendTotals(result.rounds, 0);
   for (int k = 0; k < result.rounds; ++k) {
-    const std::vector<Message>& round = rounds.empty() ? plan.messages : rounds[k];
+    int64_t recvTotal = 0;
+    for (const Message& m : roundOf(k)) {
+      if (m.src != me && m.dst != me) continue;
+      Packed p{&m, 0, {}, 0};
+      p.offsets = packOffsets(plan, m, &p.total);
+      int64_t& total = m.src == me ? sendTotals[k] : recvTotal;
+      p.at = total;
+      total += alignUp(p.total);
+      packed[k].push_back(std::move(p));
+    }
+    for (Packed& p : packed[k]) {
+      if (p.message->dst == me) p.at += sendTotals[k];
+    }
+    result.peakStagingBytes = std::max(result.peakStagingBytes, sendTotals[k] + recvTotal);
+  }
+  at::Tensor arena = staging(result.peakStagingBytes, options.maxBufferBytes, byteOpts);
+
+  for (int k = 0; k < result.rounds; ++k) {
     auto packStart = Clock::now();
     std::vector<PeerBuffer> sends, recvs;
-    std::vector<const Message*> incoming;
-    // Pass 1: sizes, so that one staging buffer per direction holds the round.
-    int64_t sendTotal = 0, recvTotal = 0;
-    std::vector<std::pair<int64_t, std::vector<int64_t>>> layout;
-    for (const Message& m : round) {
-      if (m.src != me && m.dst != me) continue;
-      int64_t total = 0;
-      std::vector<int64_t> offsets = packOffsets(plan, m, &total);
-      layout.push_back({total, std::move(offsets)});
-      (m.src == me ? sendTotal : recvTotal) += alignUp(total);
-    }
-    at::Tensor sendArena = staging(0, sendTotal, byteOpts);
-    at::Tensor recvArena = staging(1, recvTotal, byteOpts);
-    int64_t sendAt = 0, recvAt = 0;
-    size_t li = 0;
-    for (const Message& m : round) {
-      if (m.src != me && m.dst != me) continue;
-      const auto& [total, offsets] = layout[li++];
-      int64_t& at = m.src == me ? sendAt : recvAt;
-      at::Tensor bytes = (m.src == me ? sendArena : recvArena).narrow(0, at, total);
-      at += alignUp(total);
+    std::vector<const Packed*> incoming;
+    for (const Packed& p : packed[k]) {
+      const Message& m = *p.message;
+      const std::vector<int64_t>& offsets = p.offsets;
+      at::Tensor bytes = arena.narrow(0, p.at, p.total);
       if (m.src == me) {
         for (size_t i = 0; i < m.segments.size(); ++i) {
           const Segment& s = m.segments[i];
@@ -269,11 +280,10 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
         result.bytesSent += m.bytes;
       } else {
         recvs.push_back({m.src, bytes});
-        incoming.push_back(&m);
+        incoming.push_back(&p);
         result.bytesReceived += m.bytes;
       }
     }
-    result.peakStagingBytes = std::max(result.peakStagingBytes, sendTotal + recvTotal);
     result.packSeconds += since(packStart);
     auto exchangeStart = Clock::now();
     try {
@@ -281,19 +291,17 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
     } catch (...) {
       // The transport keeps the failed call's buffers alive for late peers; new runs must
       // not write into them.
-      staging_.clear();
+      staging_ = at::Tensor();
       throw;
     }
     result.exchangeSeconds += since(exchangeStart);
     auto unpackStart = Clock::now();
     for (size_t j = 0; j < recvs.size(); ++j) {
-      const Message& m = *incoming[j];
-      int64_t total = 0;
-      std::vector<int64_t> offsets = packOffsets(plan, m, &total);
+      const Message& m = *incoming[j]->message;
       for (size_t i = 0; i < m.segments.size(); ++i) {
         const Segment& s = m.segments[i];
-        at::Tensor packed = packedView(recvs[j].buffer, offsets[i], s, plan.elementSizes[s.tensor],
-                                       typeOf(s));
+        at::Tensor packed = packedView(recvs[j].buffer, incoming[j]->offsets[i], s,
+                                       plan.elementSizes[s.tensor], typeOf(s));
         if (plan.sumsSummands) {
           dstView(s).add_(packed);
         } else {

@@ -24,6 +24,9 @@ at::ScalarType toScalarType(DType dtype);
 
 struct SwitchOptions {
   int64_t maxBufferBytes = 0;  // 0: no bound, one round
+  // Where staging and destination buffers live; default: the source buffers' device, or the
+  // CPU for a rank without source buffers.
+  c10::optional<at::Device> device;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
@@ -32,7 +35,7 @@ struct SwitchResult {
   int rounds = 0;
   int64_t bytesSent = 0;
   int64_t bytesReceived = 0;
-  int64_t peakStagingBytes = 0;  // largest send + receive staging of one round
+  int64_t peakStagingBytes = 0;  // staging buffer used: the largest round's send + receive
   double seconds = 0;          // the whole run, of which:
   double packSeconds = 0;      //   local copies and packing send buffers
   double exchangeSeconds = 0;  //   the transport's exchanges
@@ -68,14 +71,15 @@ class SwitchExecutor {
   int64_t donatedBytes() const;
 
  private:
-  // A byte buffer of at least `bytes`, reused across runs: the same switch repeats every
-  // training step, and fresh large buffers cost page faults each time. Grows, never shrinks.
-  at::Tensor staging(size_t slot, int64_t bytes, const at::TensorOptions& options);
+  // A byte buffer of `bytes`, reused across runs: the same switch repeats every training
+  // step, and fresh large buffers cost page faults each time. Reallocated when too small, or
+  // when it holds more than a nonzero `bound`, so that what is held respects the bound.
+  at::Tensor staging(int64_t bytes, int64_t bound, const at::TensorOptions& options);
   // A donated tensor matching the spec and free of other users, or an undefined tensor.
   at::Tensor reuseDonated(int64_t numel, const at::TensorOptions& options);
 
   std::shared_ptr<Transport> transport_;
-  std::vector<at::Tensor> staging_;
+  at::Tensor staging_;
   std::vector<at::Tensor> donated_;
 };
 

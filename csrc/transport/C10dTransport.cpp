@@ -36,6 +36,7 @@ std::string C10dTransport::name() const {
 void C10dTransport::exchange(const std::vector<PeerBuffer>& sends,
                              const std::vector<PeerBuffer>& recvs,
                              std::chrono::milliseconds timeout) {
+  HS_CHECK(timeout.count() > 0, "timeout must be > 0 ms, got ", timeout.count());
   checkPeers(sends, size_, "send");
   checkPeers(recvs, size_, "receive");
   const int tag = tag_;
@@ -80,7 +81,8 @@ void C10dTransport::exchange(const std::vector<PeerBuffer>& sends,
                               .count(),
                           " ms (timeout ", timeout.count(), " ms): ", what.substr(0, 400));
     HS_LOG_WARN("transport", msg);
-    if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos) {
+    // A wait that ran to the deadline timed out; anything earlier is a failure of the peer.
+    if (std::chrono::steady_clock::now() + std::chrono::milliseconds(5) >= deadline) {
       throw Timeout(msg);
     }
     throw Fault(msg);

@@ -22,6 +22,7 @@ TensorSet = _C.TensorSet
 PLACEMENT_KINDS = ("sharded", "zero", "partial")
 DEFAULT_TIMEOUT_S = 300.0
 MIN_BUFFER_BYTES = 16  # room for one element and its alignment
+MAX_TIMEOUT_S = 1e7
 
 _log = get_logger("switch")
 _default_cache = _C.PlanCache()
@@ -124,7 +125,15 @@ def _digest(lines: List[str]) -> int:
     return int.from_bytes(hashlib.blake2b("\n".join(lines).encode(), digest_size=7).digest(), "little")
 
 
-def _agree(transport, rank: int, world: int, error: Optional[str], lines: List[str], timeout: float):
+def _comm_device(group) -> torch.device:
+    """Where the group's point-to-point traffic lives: the current CUDA device for NCCL."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _agree(transport, rank: int, world: int, error: Optional[str], lines: List[str], timeout: float,
+           device: torch.device):
     """All ranks learn whether every rank accepted its input and described the same switch.
 
     Raises ValueError on every rank otherwise: first for ranks that disagree (naming the
@@ -133,15 +142,16 @@ def _agree(transport, rank: int, world: int, error: Optional[str], lines: List[s
     text = ("\n".join(lines) + "\0" + (error or "")).encode()
     header = torch.tensor([0 if error is not None else 1, _digest(lines), len(text)], dtype=torch.int64)
     peers = [p for p in range(world) if p != rank]
-    received = {p: torch.empty(3, dtype=torch.int64) for p in peers}
-    transport.exchange([(p, header) for p in peers], [(p, received[p]) for p in peers], timeout)
+    received = {p: torch.empty(3, dtype=torch.int64, device=device) for p in peers}
+    transport.exchange([(p, header.to(device)) for p in peers], [(p, received[p]) for p in peers], timeout)
+    received = {p: t.cpu() for p, t in received.items()}
     headers = {rank: header, **received}
     if all(int(h[0]) == 1 and int(h[1]) == int(header[1]) for h in headers.values()):
         return
-    payload = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    texts = {p: torch.empty(int(received[p][2]), dtype=torch.uint8) for p in peers}
+    payload = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(device)
+    texts = {p: torch.empty(int(received[p][2]), dtype=torch.uint8, device=device) for p in peers}
     transport.exchange([(p, payload) for p in peers], [(p, texts[p]) for p in peers], timeout)
-    decoded = {p: bytes(texts[p].tolist()).decode() for p in peers}
+    decoded = {p: bytes(texts[p].cpu().tolist()).decode() for p in peers}
     decoded[rank] = text.decode()
     described = {p: decoded[p].split("\0", 1)[0].split("\n") for p in range(world)}
     # Compare the ranks that got far enough to describe their switch; the rest refused it.
@@ -223,23 +233,28 @@ def switch(
     Raises ``ValueError`` on every rank, before any shard data moves, when a rank's input is
     wrong or ranks disagree (the message names the rank and the first difference);
     ``SwitchTimeout`` or ``SwitchFault`` naming the peer when a peer stalls or dies. The
-    input shards are never modified, so after any error the caller still holds the old layout.
+    input shards are never modified, so after any error the caller still holds the old layout;
+    after a fault the group itself is usually unusable (as with NCCL) and should be rebuilt.
     """
     if group is None:
         if not dist.is_initialized():
             raise ValueError("torch.distributed is not initialized; call init_process_group first")
         group = dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the given group")
     transport, executor = _executor(group)
+    device = _comm_device(group)
 
     error, lines, plan, cached, buffers = None, [], None, False, []
     # Every check below runs on every rank and reaches the others through _agree, so that a
     # rank's bad input makes all ranks raise instead of leaving them waiting.
     agree_timeout = timeout
     try:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+                0 < timeout <= MAX_TIMEOUT_S):
             agree_timeout = DEFAULT_TIMEOUT_S
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+            raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, got {timeout!r}")
         if isinstance(max_buffer_bytes, bool) or not isinstance(max_buffer_bytes, int) or not (
                 max_buffer_bytes == 0 or max_buffer_bytes >= MIN_BUFFER_BYTES):
             raise ValueError(f"max_buffer_bytes must be 0 (no bound) or an int >= {MIN_BUFFER_BYTES}, "
@@ -252,16 +267,31 @@ def switch(
             layout.validate(world)
         _check_kind(src_kind, "src_kind")
         _check_kind(dst_kind, "dst_kind")
-        # Ranks must agree on the bound too: it decides the exchange rounds.
-        lines = _describe(tensor_set, src, dst, src_kind, dst_kind) + [f"max_buffer_bytes {max_buffer_bytes}"]
-        topology = topology or default_topology(world)
-        plan, cached = (_default_cache if cache is None else cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
+        topology = default_topology(world) if topology is None else topology
+        if not isinstance(topology, _C.Topology):
+            raise ValueError(f"topology must be a hotswitch.Topology, got {type(topology).__name__}")
+        # Ranks must agree on everything that shapes the exchange: the plan's inputs, the
+        # memory bound (it decides the rounds) and the device.
+        lines = _describe(tensor_set, src, dst, src_kind, dst_kind) + [
+            f"topology {topology!r}", f"max_buffer_bytes {max_buffer_bytes}", f"device {device.type}"]
+        plan, cached = (_default_cache if cache is None else cache).get(
+            tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
         buffers = _flatten_shards(shards, plan, tensor_set, rank, src_kind)
-    except ValueError as e:
-        error = str(e)
-    _agree(transport, rank, world, error, lines, agree_timeout)
+        for i, b in enumerate(buffers):
+            if b.device.type != device.type:
+                raise ValueError(f"rank {rank}: shard {i} is on {b.device}, but the group communicates on "
+                                 f"{device.type}")
+    except Exception as e:  # every refusal must reach the other ranks, whatever its type
+        error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+    _agree(transport, rank, world, error, lines, agree_timeout, device)
 
-    new_buffers, info = executor.run(plan, buffers, max_buffer_bytes, float(timeout))
+    try:
+        new_buffers, info = executor.run(plan, buffers, max_buffer_bytes, float(timeout), str(device))
+    except RuntimeError:  # SwitchFault, SwitchTimeout, or a torch error inside the exchange
+        # The exchange counters of the ranks may now differ: a later switch of this group
+        # starts from a fresh transport. After a fault the group itself is usually broken.
+        _executors.pop(group, None)
+        raise
     if donate:
         executor.donate(buffers)
     del buffers

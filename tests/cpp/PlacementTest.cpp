@@ -86,10 +86,26 @@ TEST(PlacementTest, PartialMarksSummandsByDataIndex) {
   TensorSet set = transformerSet(1, 4);
   Layout layout(2, 1, 1, 2);  // dp2 x cp2: four summands
   Placement p = Placement::make(set, layout, PlacementKind::kPartial);
-  EXPECT_EQ(p.numSummands(), 4);
+  EXPECT_EQ(p.numSummands(0), 4);
   for (int r = 0; r < 4; ++r) {
     for (const Piece& piece : p.rank(r).pieces) EXPECT_EQ(piece.summand, layout.dataIndex(r));
   }
+}
+
+TEST(PlacementTest, TiedEmbeddingHasASummandPerStage) {
+  TensorSet tied = transformerSet(4, 4, /*tied=*/true);
+  Layout layout(2, 1, 2);  // dp2 pp2: the embedding lives on both stages
+  Placement p = Placement::make(tied, layout, PlacementKind::kPartial);
+  EXPECT_EQ(p.numSummands(0), 4);
+  EXPECT_EQ(p.numSummands(1), 2);
+  std::vector<int> seen;
+  for (int r = 0; r < 4; ++r) {
+    for (const Piece& piece : p.rank(r).pieces) {
+      if (piece.tensor == 0) seen.push_back(piece.summand);
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3}));
 }
 
 TEST(PlacementTest, RejectsUnevenSplitsAndTooManyStages) {

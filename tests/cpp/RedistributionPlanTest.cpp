@@ -16,12 +16,13 @@ struct GridCase {
   int ranksPerNode;
   PlacementKind fromKind;
   PlacementKind toKind;
+  bool tied = false;
 };
 
 std::string caseName(const ::testing::TestParamInfo<GridCase>& info) {
   const GridCase& c = info.param;
   return str("w", c.world, "_n", c.world / c.ranksPerNode, "_", placementKindName(c.fromKind), "_",
-             placementKindName(c.toKind));
+             placementKindName(c.toKind), c.tied ? "_tied" : "");
 }
 
 class PlanGridTest : public ::testing::TestWithParam<GridCase> {};
@@ -33,7 +34,7 @@ class PlanGridTest : public ::testing::TestWithParam<GridCase> {};
 TEST_P(PlanGridTest, EveryPairDeliversExactlyTheLowerBound) {
   const GridCase& c = GetParam();
   Topology topo(c.world, c.ranksPerNode);
-  TensorSet set = transformerSet(c.world, 2 * c.world);
+  TensorSet set = transformerSet(c.world, 2 * c.world, c.tied);
   std::vector<Layout> layouts = Layout::enumerate(c.world);
   int pairs = 0;
   for (const Layout& a : layouts) {
@@ -79,6 +80,8 @@ std::vector<GridCase> gridCases() {
       out.push_back({w, w, PlacementKind::kZero, PlacementKind::kSharded});
       out.push_back({w, w, PlacementKind::kPartial, PlacementKind::kSharded});
       if (w % 2 == 0) out.push_back({w, w / 2, PlacementKind::kPartial, PlacementKind::kZero});
+      out.push_back({w, w, PlacementKind::kPartial, PlacementKind::kSharded, /*tied=*/true});
+      out.push_back({w, w, PlacementKind::kSharded, PlacementKind::kSharded, /*tied=*/true});
     }
   }
   return out;

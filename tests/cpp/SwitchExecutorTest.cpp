@@ -60,16 +60,18 @@ std::vector<at::Tensor> fill(const TensorSet& set, const Placement& p, int rank)
   return out;
 }
 
-int64_t mismatches(const TensorSet& set, const Placement& to, int rank, int numSummands,
+int64_t mismatches(const TensorSet& set, const Placement& from, const Placement& to, int rank,
                    const std::vector<at::Tensor>& got) {
   int64_t bad = 0;
+  const bool partial = from.kind() == PlacementKind::kPartial;
   for (const Piece& piece : to.rank(rank).pieces) {
+    const int numSummands = from.numSummands(piece.tensor);
     const double* data = got[piece.buffer].data_ptr<double>();
     forEachElement(piece, [&](const Shape& x, int64_t off) {
       double expected = 0;
       for (int k = 0; k < numSummands; ++k) {
         expected += probeValue(piece.tensor, Box::full(set.specs[piece.tensor].shape), x,
-                               numSummands > 1 ? k : -1);
+                               partial ? k : -1);
       }
       if (data[off] != expected) ++bad;
     });
@@ -103,7 +105,7 @@ TEST_P(SwitchExecutorGridTest, ShardsEqualTheSlicesOfTheFullTensors) {
     SwitchOptions options;
     options.maxBufferBytes = c.maxBufferBytes;
     SwitchResult result = executor.run(plan, src, options);
-    EXPECT_EQ(mismatches(set, to, rank, from.numSummands(), result.buffers), 0) << "rank " << rank;
+    EXPECT_EQ(mismatches(set, from, to, rank, result.buffers), 0) << "rank " << rank;
     for (size_t i = 0; i < src.size(); ++i) EXPECT_TRUE(src[i].equal(before[i]));
     EXPECT_EQ(result.bytesSent, plan.sendBytes[rank]);
     if (c.maxBufferBytes > 0) {
@@ -125,6 +127,31 @@ INSTANTIATE_TEST_SUITE_P(
                       ExecCase{"dp2tp2", PlacementKind::kPartial, "tp4", PlacementKind::kSharded, 0},
                       ExecCase{"tp4", PlacementKind::kSharded, "dp4", PlacementKind::kSharded, 1000},
                       ExecCase{"dp2tp2", PlacementKind::kPartial, "dp4", PlacementKind::kZero, 600}));
+
+// Rounds respect the bound for every rank, down to the smallest bound and 8-byte elements,
+// and carry every byte of the plan.
+TEST(SwitchExecutorTest, RoundsRespectTheBoundDownToOneElement) {
+  TensorSet set = transformerSet(1, 8, false, DType::kFloat64);
+  auto plan = RedistributionPlan::build(set, Placement::make(set, Layout(1, 4, 1)),
+                                        Placement::make(set, Layout(4, 1, 1)), Topology(4, 4));
+  for (int64_t bound : {16, 24, 100, 1000}) {
+    auto rounds = SwitchExecutor::rounds(plan, bound);
+    int64_t carried = 0;
+    for (const auto& round : rounds) {
+      std::vector<int64_t> load(4, 0);
+      for (const Message& m : round) {
+        int64_t padded = 0;
+        for (const Segment& s : m.segments) padded += plan.segmentBytes(s) + 8;
+        load[m.src] += padded;
+        load[m.dst] += padded;
+        carried += m.bytes;
+      }
+      for (int64_t l : load) EXPECT_LE(l, bound);
+    }
+    EXPECT_EQ(carried, plan.stats.bytesMoved) << "bound " << bound;
+  }
+  EXPECT_THROW(SwitchExecutor::rounds(plan, 15), InvalidArgument);
+}
 
 TEST(SwitchExecutorTest, RejectsMismatchedBuffersBeforeCommunicating) {
   TensorSet set = transformerSet(2, 8, false, DType::kFloat64);

@@ -101,7 +101,6 @@ inline SimulationReport simulate(const TensorSet& set, const Placement& from, co
   };
   std::vector<std::vector<std::vector<double>>> src(world), dst(world), writes(world);
   // held[r][t][slot * numel + flat]: rank r holds that element of summand slot in the source.
-  const int numSummands = from.numSummands();
   std::vector<std::vector<std::vector<char>>> held(world);
   auto flatOf = [&](int t, const Shape& x) {
     int64_t flat = 0;
@@ -112,7 +111,9 @@ inline SimulationReport simulate(const TensorSet& set, const Placement& from, co
     src[r] = alloc(from.rank(r).buffers, -1);
     dst[r] = alloc(to.rank(r).buffers, 0);
     writes[r] = alloc(to.rank(r).buffers, 0);
-    for (const ParamSpec& s : set.specs) held[r].emplace_back(numSummands * s.numel(), 0);
+    for (size_t t = 0; t < set.specs.size(); ++t) {
+      held[r].emplace_back(from.numSummands(static_cast<int>(t)) * set.specs[t].numel(), 0);
+    }
     for (const Piece& p : from.rank(r).pieces) {
       const int slot = p.summand < 0 ? 0 : p.summand;
       forEachElement(p, [&](const Shape& x, int64_t off) {
@@ -143,6 +144,7 @@ inline SimulationReport simulate(const TensorSet& set, const Placement& from, co
     auto covered = alloc(to.rank(r).buffers, 0);
     for (const Piece& p : to.rank(r).pieces) {
       const int64_t elem = elementSize(set.specs[p.tensor].dtype);
+      const int numSummands = from.numSummands(p.tensor);
       forEachElement(p, [&](const Shape& x, int64_t off) {
         covered[p.buffer][off] = 1;
         double expected = 0;

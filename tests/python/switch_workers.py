@@ -35,16 +35,18 @@ def every_pair(rank, world, pairs, tied):
     return failures
 
 
-def partial_sum(rank, world, src, dst, dst_kind):
-    """Each data replica holds (k + 1) * value; the destination must hold the sum."""
-    ts = model_set()
+def partial_sum(rank, world, src, dst, dst_kind, tied=False):
+    """Each data replica holds (k + 1) * value; the destination must hold the sum, including
+    both pipeline stages' summands of a tied embedding."""
+    ts = model_set(tied=tied)
     fulls = full_tensors(ts)
     a, b = hs.Layout.parse(src), hs.Layout.parse(dst)
     k = a.data_index(rank)
     shards = {n: t * (k + 1) for n, t in shards_for(ts, fulls, a, rank, "sharded").items()}
     result = hs.switch(shards, ts, a, b, src_kind="partial", dst_kind=dst_kind)
     total = sum(range(1, a.dp * a.cp + 1))
-    expected = shards_for(ts, {n: t * total for n, t in fulls.items()}, b, rank, dst_kind)
+    copies = {s.name: 2 if s.stage == "first_and_last" and a.pp > 1 else 1 for s in ts.specs}
+    expected = shards_for(ts, {n: t * total * copies[n] for n, t in fulls.items()}, b, rank, dst_kind)
     return _equal(result.shards, expected), result.stats["bytes_moved"]
 
 
@@ -81,6 +83,12 @@ def bad_input(rank, world, case):
         kwargs["max_buffer_bytes"] = 4096
     elif case == "bad_bound" and rank == 0:
         kwargs["max_buffer_bytes"] = -5
+    elif case == "timeout_inf" and rank == 3:
+        kwargs["timeout"] = float("inf")
+    elif case == "topology_type" and rank == 2:
+        kwargs["topology"] = "two nodes"
+    elif case == "topology_disagree" and rank == 1:
+        kwargs["topology"] = hs.Topology(4, 2)
     elif case == "kind":
         kwargs["dst_kind"] = "sharded_zero"
     elif case == "uneven":
@@ -89,8 +97,9 @@ def bad_input(rank, world, case):
         fulls = full_tensors(ts)
         shards = {}
     before = {k: v.clone() for k, v in shards.items()}
+    kwargs.setdefault("timeout", 30)
     try:
-        hs.switch(shards, ts, a, b, timeout=30, **kwargs)
+        hs.switch(shards, ts, a, b, **kwargs)
         message = None
     except ValueError as e:
         message = str(e)

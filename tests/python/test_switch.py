@@ -33,10 +33,12 @@ def test_every_ordered_pair_world8_tied_embedding():
         assert failures == []
 
 
-@pytest.mark.parametrize("src,dst,dst_kind", [("dp4", "dp4", "zero"), ("dp2tp2", "tp4", "sharded"),
-                                              ("dp2pp2", "tp2pp2", "zero")])
-def test_partial_to_sharded_sums_the_summands(src, dst, dst_kind):
-    for ok, moved in run_world(4, w.partial_sum, src, dst, dst_kind):
+@pytest.mark.parametrize("src,dst,dst_kind,tied", [("dp4", "dp4", "zero", False),
+                                                   ("dp2tp2", "tp4", "sharded", False),
+                                                   ("dp2pp2", "tp2pp2", "zero", False),
+                                                   ("dp2pp2", "dp4", "sharded", True)])
+def test_partial_to_sharded_sums_the_summands(src, dst, dst_kind, tied):
+    for ok, moved in run_world(4, w.partial_sum, src, dst, dst_kind, tied):
         assert ok
         assert moved > 0
 
@@ -57,6 +59,9 @@ def test_bounded_memory_runs_in_rounds():
     ("kind", "'sharded_zero'"),
     ("bound", "max_buffer_bytes"),
     ("bad_bound", "-5"),
+    ("timeout_inf", "inf"),
+    ("topology_type", "topology must be a hotswitch.Topology"),
+    ("topology_disagree", "ranks_per_node=2"),
     ("uneven", "is not divisible by tp("),
 ])
 def test_bad_input_raises_value_error_everywhere_and_changes_nothing(case, needle):
