@@ -54,6 +54,8 @@ struct PlanStats {
   // the inter-node bytes of elements with no replica on the destination's node; and the
   // smallest achievable largest per-rank send given those inter-node bytes (exact: the
   // minimum T for which a flow from demands to senders of capacity T carries every byte).
+  // The flow is in bytes and transfers are whole elements, so maxSendBytes can exceed the
+  // last bound by less than one element per class of demands sharing the same senders.
   int64_t lowerBoundBytes = 0;
   int64_t lowerBoundInterNodeBytes = 0;
   int64_t lowerBoundMaxSendBytes = 0;
