@@ -264,52 +264,58 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
   at::Tensor arena = staging(result.peakStagingBytes, options.maxBufferBytes, byteOpts);
 
   for (int k = 0; k < result.rounds; ++k) {
-    auto packStart = Clock::now();
     std::vector<PeerBuffer> sends, recvs;
-    std::vector<const Packed*> incoming;
+    std::vector<const Packed*> outgoing, incoming;
     for (const Packed& p : packed[k]) {
-      const Message& m = *p.message;
-      const std::vector<int64_t>& offsets = p.offsets;
       at::Tensor bytes = arena.narrow(0, p.at, p.total);
-      if (m.src == me) {
-        for (size_t i = 0; i < m.segments.size(); ++i) {
-          const Segment& s = m.segments[i];
-          packedView(bytes, offsets[i], s, plan.elementSizes[s.tensor], typeOf(s)).copy_(srcView(s));
-        }
-        sends.push_back({m.dst, bytes});
-        result.bytesSent += m.bytes;
+      if (p.message->src == me) {
+        sends.push_back({p.message->dst, bytes});
+        outgoing.push_back(&p);
+        result.bytesSent += p.message->bytes;
       } else {
-        recvs.push_back({m.src, bytes});
+        recvs.push_back({p.message->src, bytes});
         incoming.push_back(&p);
-        result.bytesReceived += m.bytes;
+        result.bytesReceived += p.message->bytes;
       }
     }
-    result.packSeconds += since(packStart);
+    double packSeconds = 0, unpackSeconds = 0;
+    auto pack = [&](size_t i) {
+      auto t = Clock::now();
+      const Message& m = *outgoing[i]->message;
+      for (size_t n = 0; n < m.segments.size(); ++n) {
+        const Segment& s = m.segments[n];
+        packedView(sends[i].buffer, outgoing[i]->offsets[n], s, plan.elementSizes[s.tensor], typeOf(s))
+            .copy_(srcView(s));
+      }
+      packSeconds += since(t);
+    };
+    auto unpack = [&](size_t j) {
+      auto t = Clock::now();
+      const Message& m = *incoming[j]->message;
+      for (size_t n = 0; n < m.segments.size(); ++n) {
+        const Segment& s = m.segments[n];
+        at::Tensor packedSegment = packedView(recvs[j].buffer, incoming[j]->offsets[n], s,
+                                              plan.elementSizes[s.tensor], typeOf(s));
+        if (plan.sumsSummands) {
+          dstView(s).add_(packedSegment);
+        } else {
+          dstView(s).copy_(packedSegment);
+        }
+      }
+      unpackSeconds += since(t);
+    };
     auto exchangeStart = Clock::now();
     try {
-      transport_->exchange(sends, recvs, options.timeout);
+      transport_->exchangeOverlapped(sends, recvs, options.timeout, pack, unpack);
     } catch (...) {
       // The transport keeps the failed call's buffers alive for late peers; new runs must
       // not write into them.
       staging_ = at::Tensor();
       throw;
     }
-    result.exchangeSeconds += since(exchangeStart);
-    auto unpackStart = Clock::now();
-    for (size_t j = 0; j < recvs.size(); ++j) {
-      const Message& m = *incoming[j]->message;
-      for (size_t i = 0; i < m.segments.size(); ++i) {
-        const Segment& s = m.segments[i];
-        at::Tensor packed = packedView(recvs[j].buffer, incoming[j]->offsets[i], s,
-                                       plan.elementSizes[s.tensor], typeOf(s));
-        if (plan.sumsSummands) {
-          dstView(s).add_(packed);
-        } else {
-          dstView(s).copy_(packed);
-        }
-      }
-    }
-    result.unpackSeconds += since(unpackStart);
+    result.packSeconds += packSeconds;
+    result.unpackSeconds += unpackSeconds;
+    result.exchangeSeconds += since(exchangeStart) - packSeconds - unpackSeconds;
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   HS_LOG_DEBUG("switch", "rank ", me, ": sent ", result.bytesSent, " B, received ",

@@ -1,7 +1,8 @@
 #pragma once
 
 // Executes a redistribution plan on one rank: packs one buffer per peer, runs one batched
-// exchange through a Transport, unpacks into freshly allocated destination buffers.
+// exchange through a Transport, unpacks into freshly allocated destination buffers; packing
+// and unpacking overlap the transfers where the transport allows (exchangeOverlapped).
 //
 // Transactional: the source buffers are only read, and the destination buffers are returned
 // only when every receive has completed; on error the caller still holds the old layout.
@@ -38,7 +39,7 @@ struct SwitchResult {
   int64_t peakStagingBytes = 0;  // staging buffer used: the largest round's send + receive
   double seconds = 0;          // the whole run, of which:
   double packSeconds = 0;      //   local copies and packing send buffers
-  double exchangeSeconds = 0;  //   the transport's exchanges
+  double exchangeSeconds = 0;  //   the transport's exchanges, less packing and unpacking
   double unpackSeconds = 0;    //   unpacking received buffers
 };
 

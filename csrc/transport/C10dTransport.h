@@ -4,7 +4,9 @@
 //
 // Sends and receives are posted as individual point-to-point operations, each pair ordered
 // so that the lower rank sends first: with backends that serialize a pair's operations on one
-// channel (NCCL's per-pair communicators) no two ranks wait on each other.
+// channel (NCCL's per-pair communicators) no two ranks wait on each other. On gloo, whose
+// operations progress independently, exchangeOverlapped() posts every receive first, packs
+// and posts each send in turn, and unpacks each receive as it completes.
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -23,8 +25,16 @@ class C10dTransport : public Transport {
   std::string name() const override;
   void exchange(const std::vector<PeerBuffer>& sends, const std::vector<PeerBuffer>& recvs,
                 std::chrono::milliseconds timeout) override;
+  void exchangeOverlapped(const std::vector<PeerBuffer>& sends, const std::vector<PeerBuffer>& recvs,
+                          std::chrono::milliseconds timeout, const std::function<void(size_t)>& pack,
+                          const std::function<void(size_t)>& unpack) override;
 
  private:
+  void run(const std::vector<PeerBuffer>& sends, const std::vector<PeerBuffer>& recvs,
+           std::chrono::milliseconds timeout, const std::function<void(size_t)>* pack,
+           const std::function<void(size_t)>* unpack);
+
+  bool overlaps_;  // the backend lets a pair's operations progress in any order (gloo)
   c10::intrusive_ptr<::c10d::ProcessGroup> group_;
   int rank_;
   int size_;

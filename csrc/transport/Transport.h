@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,20 @@ class Transport {
   // Not thread-safe: one exchange at a time.
   virtual void exchange(const std::vector<PeerBuffer>& sends, const std::vector<PeerBuffer>& recvs,
                         std::chrono::milliseconds timeout) = 0;
+
+  // exchange(), with the caller's work overlapped where the transport can: pack(i) fills
+  // sends[i].buffer before it is sent, and unpack(j) consumes recvs[j].buffer once it has
+  // arrived. Each is called once per buffer, on the calling thread, in index order. The
+  // default packs everything, exchanges, then unpacks; throws as exchange().
+  virtual void exchangeOverlapped(const std::vector<PeerBuffer>& sends,
+                                  const std::vector<PeerBuffer>& recvs,
+                                  std::chrono::milliseconds timeout,
+                                  const std::function<void(size_t)>& pack,
+                                  const std::function<void(size_t)>& unpack) {
+    for (size_t i = 0; i < sends.size(); ++i) pack(i);
+    exchange(sends, recvs, timeout);
+    for (size_t j = 0; j < recvs.size(); ++j) unpack(j);
+  }
 };
 
 }  // namespace hotswitch
