@@ -1,0 +1,154 @@
+#include "planner/CostModel.h"
+
+#include <algorithm>
+
+#include "common/Check.h"
+
+namespace hotswitch {
+
+CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topology, CostOptions options)
+    : model_(std::move(model)), hardware_(std::move(hardware)), topology_(topology), options_(options) {
+  model_.validate();
+  hardware_.validate();
+  HS_CHECK(options_.gradBytes == 2 || options_.gradBytes == 4, "grad_bytes must be 2 or 4, got ",
+           options_.gradBytes);
+  HS_CHECK(options_.optimizerBytesPerParam >= 0, "optimizer_bytes_per_param must be >= 0, got ",
+           options_.optimizerBytesPerParam);
+}
+
+double CostModel::forwardFlops(int64_t s) const {
+  const double h = static_cast<double>(model_.hiddenSize);
+  const double linear = static_cast<double>(model_.layerParams() - 2 * model_.hiddenSize);
+  const double perLayer = 2.0 * linear * s + 2.0 * static_cast<double>(s) * s * h;
+  return model_.numLayers * perLayer + 2.0 * model_.vocabSize * h * s;
+}
+
+double CostModel::trainingFlops(int64_t s) const {
+  return forwardFlops(s) * (model_.recompute ? 4.0 : 3.0);
+}
+
+int64_t CostModel::staticBytes(const Layout& layout) const {
+  const int64_t tp = layout.tp(), pp = layout.pp();
+  // The first stage holds the embedding; the last the head and final norm; with pp == 1
+  // both. The fuller of the two bounds every stage.
+  const int64_t layers = model_.numLayers / pp * model_.layerParams();
+  const int64_t emb = model_.embeddingParams();
+  int64_t params = pp == 1 ? layers + 2 * emb + model_.hiddenSize : layers + emb + model_.hiddenSize;
+  params = (params + tp - 1) / tp;
+  int64_t optimizer = params * options_.optimizerBytesPerParam;
+  if (options_.zero) optimizer = (optimizer + layout.dataSize() - 1) / layout.dataSize();
+  return params * (model_.paramBytes + options_.gradBytes) + optimizer;
+}
+
+int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout) const {
+  const int64_t scale = model_.paramBytes;  // the 34 h counts bytes at 16 bits: 2 per element
+  const int64_t perToken = (model_.recompute ? 2 : 34) * model_.hiddenSize * scale / 2;
+  return (perToken + layout.tp() - 1) / layout.tp();
+}
+
+bool CostModel::spansNodes(const Layout& layout, Axis axis) const {
+  for (const auto& group : layout.groups(axis)) {
+    if (topology_.node(group.front()) != topology_.node(group.back())) return true;
+    for (int r : group) {
+      if (topology_.node(r) != topology_.node(group.front())) return true;
+    }
+  }
+  return false;
+}
+
+double CostModel::collectiveSeconds(const Layout& layout, Axis axis, double bytes, bool allReduce) const {
+  const int n = layout.degree(axis);
+  if (n <= 1 || bytes <= 0) return 0;
+  const bool inter = spansNodes(layout, axis);
+  const double bw = inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth;
+  const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+  const double steps = allReduce ? 2.0 * (n - 1) : (n - 1);
+  return steps * (bytes / n / bw + lat);
+}
+
+PhaseCost CostModel::phase(const Layout& layout, const PhaseBatches& batches) const {
+  layout.validate(topology_.world());
+  model_.validate(layout);
+  HS_CHECK(layout.cp() == 1, "layout ", layout.name(), " has cp(", layout.cp(),
+           "); the cost model covers cp == 1 only");
+  HS_CHECK(static_cast<int>(batches.size()) == layout.dp(), "phase under ", layout.name(), " got ",
+           batches.size(), " replicas of micro-batches, expected dp(", layout.dp(), ")");
+  for (const auto& replica : batches) {
+    for (const auto& micro : replica) {
+      for (int64_t s : micro) HS_CHECK(s >= 1, "sequence length must be >= 1, got ", s);
+    }
+  }
+
+  const int pp = layout.pp(), tp = layout.tp();
+  const double flops = hardware_.achievedFlops();
+  const double h = static_cast<double>(model_.hiddenSize);
+  const double layersPerStage = static_cast<double>(model_.numLayers) / pp;
+  const int tpPerLayer = model_.recompute ? 12 : 8;  // collectives per layer per micro-batch
+  const bool ppInter = spansNodes(layout, Axis::kPp);
+  const double ppBw = ppInter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth;
+  const double ppLat = ppInter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+  const int64_t perTokenLayer = activationBytesPerTokenLayer(layout);
+
+  PhaseCost cost;
+  int64_t worstActivations = 0;
+  double worstReplica = -1;
+  for (const auto& replica : batches) {
+    double sumStage = 0, maxStage = 0, compute = 0, tpComm = 0, p2pMax = 0;
+    std::vector<int64_t> tokens;
+    for (const auto& micro : replica) {
+      double layerFlops = 0, headFlops = 0;
+      int64_t n = 0;
+      for (int64_t s : micro) {
+        double all = trainingFlops(s);
+        double head = 2.0 * model_.vocabSize * h * s * 3.0;
+        layerFlops += all - head;
+        headFlops += head;
+        n += s;
+      }
+      tokens.push_back(n);
+      const double actBytes = static_cast<double>(n) * h * model_.paramBytes;
+      const double stageCompute = (layerFlops / pp + headFlops) / tp / flops;
+      const double stageTp = layersPerStage * tpPerLayer * collectiveSeconds(layout, Axis::kTp, actBytes, false);
+      const double stage = stageCompute + stageTp;
+      sumStage += stage;
+      maxStage = std::max(maxStage, stage);
+      compute += stageCompute;
+      tpComm += stageTp;
+      p2pMax = std::max(p2pMax, pp > 1 ? actBytes / tp / ppBw + ppLat : 0.0);
+    }
+    const double bubble = (pp - 1) * maxStage;
+    const double p2p = 2.0 * (pp - 1) * p2pMax;
+    const double total = sumStage + bubble + p2p;
+    if (total > worstReplica) {
+      worstReplica = total;
+      const double bubbleShare = sumStage > 0 ? (sumStage + bubble) / sumStage : 1.0;
+      cost.computeSeconds = compute * bubbleShare;
+      cost.tpSeconds = tpComm * bubbleShare;
+      cost.ppSeconds = p2p;
+    }
+    // Activation peak: the first stage keeps up to pp micro-batches in flight.
+    std::sort(tokens.rbegin(), tokens.rend());
+    int64_t inFlight = 0;
+    for (size_t k = 0; k < tokens.size() && k < static_cast<size_t>(pp); ++k) inFlight += tokens[k];
+    int64_t layers = model_.numLayers / pp;
+    int64_t acts = inFlight * perTokenLayer * layers;
+    if (model_.recompute && !tokens.empty()) {
+      acts += tokens.front() * (34 * model_.hiddenSize * model_.paramBytes / 2 / tp);  // one layer rebuilt
+    }
+    if (!tokens.empty()) acts += tokens.front() * ((model_.vocabSize + tp - 1) / tp) * 4 * 2;  // logits
+    worstActivations = std::max(worstActivations, acts);
+  }
+  // The gradients of the rank's shard: its stage's layers and, on an end stage, the embedding.
+  const double gradBytes =
+      static_cast<double>(model_.numLayers / pp * model_.layerParams() + model_.embeddingParams()) / tp *
+      options_.gradBytes;
+  cost.dpSeconds = collectiveSeconds(layout, Axis::kDp, gradBytes, !options_.zero);
+  cost.totalSeconds = std::max(worstReplica, 0.0) + cost.dpSeconds;
+  cost.staticBytes = staticBytes(layout);
+  cost.activationBytes = worstActivations;
+  cost.peakBytes = cost.staticBytes + cost.activationBytes;
+  cost.fits = cost.peakBytes <= hardware_.memoryBytes;
+  return cost;
+}
+
+}  // namespace hotswitch

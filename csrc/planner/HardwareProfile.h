@@ -1,0 +1,31 @@
+#pragma once
+
+// What one device and its links can do, as the cost model needs it.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hotswitch {
+
+struct HardwareProfile {
+  std::string name;
+  double peakFlops = 312e12;           // dense 16-bit tensor FLOP/s of one device
+  double efficiency = 0.5;             // achieved fraction of peak on transformer layers
+  int64_t memoryBytes = 80LL << 30;    // device memory
+  double intraNodeBandwidth = 300e9;   // bytes/s one device sends within a node (one direction)
+  double interNodeBandwidth = 25e9;    // bytes/s one device sends to another node
+  double intraNodeLatency = 5e-6;      // seconds per message
+  double interNodeLatency = 10e-6;
+
+  // a100, a800, h100, h200 (dense bf16 peak, memory, NVLink per direction and one
+  // InfiniBand NIC per device, from the vendors' data sheets); InvalidArgument otherwise.
+  static HardwareProfile preset(const std::string& name);
+  static std::vector<std::string> presetNames();
+
+  double achievedFlops() const { return peakFlops * efficiency; }
+  // Throws InvalidArgument naming the first non-positive or out-of-range field.
+  void validate() const;
+};
+
+}  // namespace hotswitch

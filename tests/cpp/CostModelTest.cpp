@@ -1,0 +1,131 @@
+#include "planner/CostModel.h"
+
+#include <gtest/gtest.h>
+
+#include "common/Check.h"
+
+namespace hotswitch {
+namespace {
+
+// A model small enough to count by hand: 2 layers, hidden 8, 2 heads (no GQA), FFN 16,
+// vocab 10, bf16.
+ModelConfig tiny() {
+  ModelConfig m;
+  m.name = "tiny";
+  m.numLayers = 2;
+  m.hiddenSize = 8;
+  m.numAttentionHeads = 2;
+  m.numQueryGroups = 2;
+  m.ffnHiddenSize = 16;
+  m.vocabSize = 10;
+  return m;
+}
+
+HardwareProfile unitHardware() {
+  HardwareProfile h;
+  h.name = "unit";
+  h.peakFlops = 1e6;
+  h.efficiency = 1.0;
+  h.memoryBytes = 1 << 20;
+  h.intraNodeBandwidth = 1e3;
+  h.interNodeBandwidth = 1e2;
+  h.intraNodeLatency = 0;
+  h.interNodeLatency = 0;
+  return h;
+}
+
+TEST(CostModelTest, ParameterCountsByHand) {
+  ModelConfig m = tiny();
+  // qkv 8 * (8 + 2 * 8) = 192, proj 64, gate/up 2 * 16 * 8 = 256, down 128, norms 16.
+  EXPECT_EQ(m.layerParams(), 192 + 64 + 256 + 128 + 16);
+  EXPECT_EQ(m.totalParams(), 2 * 656 + 2 * 80 + 8);
+  ModelConfig llama = ModelConfig::preset("llama-7b");
+  EXPECT_NEAR(static_cast<double>(llama.totalParams()), 6.74e9, 0.01e9);
+  ModelConfig big = ModelConfig::preset("llama-70b");
+  EXPECT_NEAR(static_cast<double>(big.totalParams()), 68.98e9, 0.1e9);
+}
+
+TEST(CostModelTest, FlopsByHand) {
+  CostModel cost(tiny(), unitHardware(), Topology(1, 1));
+  // Per layer: linear 2 * 640 * s, attention 2 * s^2 * 8; head 2 * 10 * 8 * s.
+  const int64_t s = 5;
+  const double forward = 2 * (2.0 * 640 * s + 2.0 * s * s * 8) + 2.0 * 10 * 8 * s;
+  EXPECT_DOUBLE_EQ(cost.forwardFlops(s), forward);
+  EXPECT_DOUBLE_EQ(cost.trainingFlops(s), 3 * forward);
+  ModelConfig recompute = tiny();
+  recompute.recompute = true;
+  EXPECT_DOUBLE_EQ(CostModel(recompute, unitHardware(), Topology(1, 1)).trainingFlops(s), 4 * forward);
+  // Attention is quadratic: one sequence of 2s costs more than two of s.
+  EXPECT_GT(cost.forwardFlops(2 * s), 2 * cost.forwardFlops(s));
+}
+
+TEST(CostModelTest, SingleDevicePhaseIsComputeOverFlops) {
+  CostModel cost(tiny(), unitHardware(), Topology(1, 1));
+  PhaseCost p = cost.phase(Layout(1, 1, 1), {{{5, 3}, {7}}});
+  const double flops = cost.trainingFlops(5) + cost.trainingFlops(3) + cost.trainingFlops(7);
+  EXPECT_NEAR(p.totalSeconds, flops / 1e6, 1e-12);
+  EXPECT_EQ(p.tpSeconds, 0);
+  EXPECT_EQ(p.ppSeconds, 0);
+  EXPECT_EQ(p.dpSeconds, 0);
+  // Static memory: 1480 params * (2 + 4) bytes + 12 bytes optimizer state each.
+  EXPECT_EQ(p.staticBytes, 1480 * 18);
+  // Activations: with pp = 1 one micro-batch is in flight, the largest (8 tokens): 2 layers *
+  // 34 * 8 bytes per token, plus fp32 logits and their gradient: 8 tokens * 10 * 4 * 2.
+  EXPECT_EQ(p.activationBytes, 8 * 2 * 34 * 8 + 8 * 10 * 8);
+  EXPECT_TRUE(p.fits);
+}
+
+TEST(CostModelTest, CollectivesUseTheSlowLinkAcrossNodes) {
+  CostModel cost(tiny(), unitHardware(), Topology(4, 2));
+  // tp2 groups {0,1},{2,3} stay in a node; dp2 groups {0,2},{1,3} cross nodes.
+  Layout layout(2, 2, 1);
+  EXPECT_DOUBLE_EQ(cost.collectiveSeconds(layout, Axis::kTp, 1000, false), 1 * (500 / 1e3));
+  EXPECT_DOUBLE_EQ(cost.collectiveSeconds(layout, Axis::kDp, 1000, true), 2 * (500 / 1e2));
+  EXPECT_EQ(cost.collectiveSeconds(layout, Axis::kPp, 1000, true), 0);
+}
+
+TEST(CostModelTest, PipelineBubbleAndMemoryShrinkWithStages) {
+  CostModel cost(tiny(), unitHardware(), Topology(2, 2));
+  PhaseCost flat = cost.phase(Layout(2, 1, 1), {{{4}, {4}}, {{4}, {4}}});
+  PhaseCost piped = cost.phase(Layout(1, 1, 2), {{{4}, {4}, {4}, {4}}});
+  // Same work per rank, but the pipeline pays a bubble of one stage time.
+  EXPECT_GT(piped.computeSeconds, flat.computeSeconds);
+  EXPECT_GT(piped.ppSeconds, 0);
+  EXPECT_LT(piped.staticBytes, flat.staticBytes);
+}
+
+TEST(CostModelTest, RejectsWhatTheLayoutCannotShard) {
+  CostModel cost(tiny(), unitHardware(), Topology(4, 4));
+  auto message = [&](const Layout& l, const PhaseBatches& b) {
+    try {
+      cost.phase(l, b);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(Layout(1, 4, 1), {{{4}}}).find("num_attention_heads(2) is not divisible by tp(4)"),
+            std::string::npos);
+  EXPECT_NE(message(Layout(1, 1, 4), {{{4}}}).find("num_layers(2) is not divisible by pp(4)"),
+            std::string::npos);
+  EXPECT_NE(message(Layout(4, 1, 1), {{{4}}}).find("got 1 replicas"), std::string::npos);
+  EXPECT_NE(message(Layout(2, 2, 1), {{{4}}, {{0}}}).find("sequence length must be >= 1, got 0"),
+            std::string::npos);
+  EXPECT_THROW(ModelConfig::preset("gpt-5"), InvalidArgument);
+  EXPECT_THROW(HardwareProfile::preset("tpu"), InvalidArgument);
+  HardwareProfile bad = unitHardware();
+  bad.efficiency = 1.5;
+  EXPECT_THROW(CostModel(tiny(), bad, Topology(1, 1)), InvalidArgument);
+}
+
+TEST(CostModelTest, PresetsFromDataSheets) {
+  HardwareProfile h200 = HardwareProfile::preset("h200");
+  EXPECT_EQ(h200.memoryBytes, 141LL << 30);
+  EXPECT_DOUBLE_EQ(h200.intraNodeBandwidth, 450e9);
+  EXPECT_DOUBLE_EQ(h200.interNodeBandwidth, 50e9);
+  EXPECT_DOUBLE_EQ(HardwareProfile::preset("a800").intraNodeBandwidth, 200e9);
+  for (const auto& name : ModelConfig::presetNames()) EXPECT_NO_THROW(ModelConfig::preset(name).validate());
+}
+
+}  // namespace
+}  // namespace hotswitch
