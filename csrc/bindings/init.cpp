@@ -10,6 +10,7 @@
 #include "layout/ParamSpec.h"
 #include "layout/Placement.h"
 #include "layout/Topology.h"
+#include "planner/CostModel.h"
 #include "redistribute/PlanCache.h"
 #include "redistribute/SwitchExecutor.h"
 #include "transport/C10dTransport.h"
@@ -284,4 +285,84 @@ PYBIND11_MODULE(_C, m) {
       .def("donate", &SwitchExecutor::donate, py::arg("tensors"))
       .def_property_readonly("donated_bytes", &SwitchExecutor::donatedBytes)
       .def_property_readonly("staging_bytes", &SwitchExecutor::stagingBytes);
+
+  py::class_<ModelConfig>(m, "ModelConfig")
+      .def(py::init([](int numLayers, int64_t hidden, int heads, int groups, int64_t ffn, int64_t vocab,
+                       int64_t paramBytes, bool recompute, const std::string& name) {
+             ModelConfig c;
+             c.name = name;
+             c.numLayers = numLayers;
+             c.hiddenSize = hidden;
+             c.numAttentionHeads = heads;
+             c.numQueryGroups = groups;
+             c.ffnHiddenSize = ffn;
+             c.vocabSize = vocab;
+             c.paramBytes = paramBytes;
+             c.recompute = recompute;
+             c.validate();
+             return c;
+           }),
+           py::arg("num_layers"), py::arg("hidden_size"), py::arg("num_attention_heads"),
+           py::arg("num_query_groups"), py::arg("ffn_hidden_size"), py::arg("vocab_size"),
+           py::arg("param_bytes") = 2, py::arg("recompute") = false, py::arg("name") = "custom")
+      .def_static("preset", &ModelConfig::preset, py::arg("name"))
+      .def_static("preset_names", &ModelConfig::presetNames)
+      .def_readonly("name", &ModelConfig::name)
+      .def_readonly("num_layers", &ModelConfig::numLayers)
+      .def_readonly("hidden_size", &ModelConfig::hiddenSize)
+      .def_readonly("num_attention_heads", &ModelConfig::numAttentionHeads)
+      .def_readonly("num_query_groups", &ModelConfig::numQueryGroups)
+      .def_readonly("ffn_hidden_size", &ModelConfig::ffnHiddenSize)
+      .def_readonly("vocab_size", &ModelConfig::vocabSize)
+      .def_readonly("recompute", &ModelConfig::recompute)
+      .def_property_readonly("total_params", &ModelConfig::totalParams)
+      .def("validate", py::overload_cast<const Layout&>(&ModelConfig::validate, py::const_), py::arg("layout"));
+
+  py::class_<HardwareProfile>(m, "HardwareProfile")
+      .def(py::init([](double peakFlops, double efficiency, int64_t memoryBytes, double intraBw,
+                       double interBw, double intraLat, double interLat, const std::string& name) {
+             HardwareProfile h{name, peakFlops, efficiency, memoryBytes, intraBw, interBw, intraLat, interLat};
+             h.validate();
+             return h;
+           }),
+           py::arg("peak_flops"), py::arg("efficiency"), py::arg("memory_bytes"),
+           py::arg("intra_node_bandwidth"), py::arg("inter_node_bandwidth"),
+           py::arg("intra_node_latency") = 5e-6, py::arg("inter_node_latency") = 10e-6,
+           py::arg("name") = "custom")
+      .def_static("preset", &HardwareProfile::preset, py::arg("name"))
+      .def_static("preset_names", &HardwareProfile::presetNames)
+      .def_readonly("name", &HardwareProfile::name)
+      .def_readonly("peak_flops", &HardwareProfile::peakFlops)
+      .def_readonly("efficiency", &HardwareProfile::efficiency)
+      .def_readonly("memory_bytes", &HardwareProfile::memoryBytes)
+      .def_readonly("intra_node_bandwidth", &HardwareProfile::intraNodeBandwidth)
+      .def_readonly("inter_node_bandwidth", &HardwareProfile::interNodeBandwidth);
+
+  py::class_<CostModel>(m, "CostModel")
+      .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo,
+                       bool zero) {
+             CostOptions o;
+             o.zero = zero;
+             return CostModel(model, hw, topo, o);
+           }),
+           py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false)
+      .def("forward_flops", &CostModel::forwardFlops, py::arg("seq_len"))
+      .def("training_flops", &CostModel::trainingFlops, py::arg("seq_len"))
+      .def("static_bytes", &CostModel::staticBytes, py::arg("layout"))
+      .def("phase", [](const CostModel& c, const Layout& layout, const PhaseBatches& batches) {
+        PhaseCost p = c.phase(layout, batches);
+        py::dict d;
+        d["compute_s"] = p.computeSeconds;
+        d["tp_s"] = p.tpSeconds;
+        d["pp_s"] = p.ppSeconds;
+        d["dp_s"] = p.dpSeconds;
+        d["total_s"] = p.totalSeconds;
+        d["static_bytes"] = p.staticBytes;
+        d["activation_bytes"] = p.activationBytes;
+        d["peak_bytes"] = p.peakBytes;
+        d["fits"] = p.fits;
+        return d;
+      }, py::arg("layout"), py::arg("batches"),
+         "Predicted time (seconds) and peak memory (bytes) per rank of one phase; batches[replica]"
+         "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
 }

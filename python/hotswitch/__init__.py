@@ -10,7 +10,10 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 import torch.distributed  # noqa: F401  (registers the ProcessGroup types the extension takes)
 
 from hotswitch._C import (  # noqa: E402
+    CostModel,
+    HardwareProfile,
     Layout,
+    ModelConfig,
     ParamSpec,
     PlanCache,
     SwitchFault,
@@ -27,7 +30,10 @@ from hotswitch.redistribute import (  # noqa: E402
 )
 
 __all__ = [
+    "CostModel",
+    "HardwareProfile",
     "Layout",
+    "ModelConfig",
     "ParamSpec",
     "PlanCache",
     "SwitchFault",

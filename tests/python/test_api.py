@@ -76,3 +76,22 @@ def test_shard_tensors_match_the_reference(layout):
         assert ours.keys() == ref.keys()
         assert all(torch.equal(ours[k], ref[k]) for k in ref)
         assert torch.equal(hs.shard_tensors(fulls, ts, lay, rank, "zero"), zero_shard(ts, fulls, lay, rank))
+
+
+def test_cost_model_from_python():
+    model = hs.ModelConfig.preset("llama-7b")
+    assert abs(model.total_params - 6.74e9) < 0.01e9
+    cost = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8))
+    short = cost.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)])
+    long = cost.phase(hs.Layout(tp=8), [[[16384]]])
+    assert short["total_s"] > 0 and long["total_s"] > 0
+    assert long["static_bytes"] < short["static_bytes"]  # tp shards the weights
+    zero = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8), zero=True)
+    assert zero.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)])["fits"]
+    assert not zero.phase(hs.Layout(dp=8), [[[32768]] for _ in range(8)])["fits"]  # activations
+    with pytest.raises(ValueError, match="got 1 replicas"):
+        cost.phase(hs.Layout(dp=8), [[[512]]])
+    with pytest.raises(ValueError, match="'gpt-5'"):
+        hs.ModelConfig.preset("gpt-5")
+    with pytest.raises(ValueError, match="efficiency"):
+        hs.HardwareProfile(1e12, 2.0, 1 << 30, 1e9, 1e9)
