@@ -26,6 +26,7 @@ CORE = [
     "csrc/planner/ModelConfig.cpp",
     "csrc/planner/HardwareProfile.cpp",
     "csrc/planner/CostModel.cpp",
+    "csrc/planner/Packer.cpp",
     "csrc/redistribute/SwitchExecutor.cpp",
     "csrc/transport/C10dTransport.cpp",
     "csrc/bindings/init.cpp",

@@ -1,0 +1,47 @@
+#pragma once
+
+// Packs one phase's sequences into micro-batches: balanced across data-parallel replicas and
+// pipeline slots by predicted time (attention is quadratic, so not by tokens), each
+// micro-batch within a token budget (what fits in memory).
+//
+// Replicas: longest-predicted-time first, each sequence to the replica with the least
+// predicted time so far (LPT), so the slowest replica exceeds the mean by at most one
+// sequence. Micro-batches of a replica: max(ceil(tokens / budget), minMicroBatches, capped
+// at the sequence count) slots, filled the same way among the slots with room; a sequence
+// that fits no open slot opens a new one. Deterministic: ties go to the lower index.
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace hotswitch {
+
+struct PackOptions {
+  int64_t maxTokensPerMicroBatch = 4096;
+  int minMicroBatches = 1;  // e.g. the pipeline depth, to fill the 1F1B schedule
+};
+
+struct Packing {
+  // microBatches[replica][k]: indices into the input lengths, in packing order.
+  std::vector<std::vector<std::vector<int>>> microBatches;
+  std::vector<double> replicaCost;  // predicted time units per replica
+
+  // Sequence lengths in the layout the cost model takes: [replica][k] -> lengths.
+  std::vector<std::vector<std::vector<int64_t>>> lengths(const std::vector<int64_t>& all) const;
+};
+
+class Packer {
+ public:
+  using CostFn = std::function<double(int64_t)>;
+
+  // Throws InvalidArgument for replicas < 1, a budget < 1, a length < 1, or a sequence
+  // longer than the budget (naming its index and length).
+  static Packing pack(const std::vector<int64_t>& lengths, int replicas, const PackOptions& options,
+                      const CostFn& cost);
+
+  // cu_seqlens of one micro-batch: [0, l0, l0 + l1, ...] (int64, length n + 1).
+  static std::vector<int64_t> cuSeqlens(const std::vector<int64_t>& lengths,
+                                        const std::vector<int>& microBatch);
+};
+
+}  // namespace hotswitch
