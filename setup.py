@@ -27,6 +27,7 @@ CORE = [
     "csrc/planner/HardwareProfile.cpp",
     "csrc/planner/CostModel.cpp",
     "csrc/planner/Packer.cpp",
+    "csrc/planner/Planner.cpp",
     "csrc/redistribute/SwitchExecutor.cpp",
     "csrc/transport/C10dTransport.cpp",
     "csrc/bindings/init.cpp",

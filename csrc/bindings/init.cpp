@@ -11,6 +11,7 @@
 #include "layout/Placement.h"
 #include "layout/Topology.h"
 #include "planner/CostModel.h"
+#include "planner/Planner.h"
 #include "redistribute/PlanCache.h"
 #include "redistribute/SwitchExecutor.h"
 #include "transport/C10dTransport.h"
@@ -365,4 +366,43 @@ PYBIND11_MODULE(_C, m) {
       }, py::arg("layout"), py::arg("batches"),
          "Predicted time (seconds) and peak memory (bytes) per rank of one phase; batches[replica]"
          "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
+
+  py::class_<Planner>(m, "Planner")
+      .def(py::init([](const CostModel& cost, std::vector<Layout> candidates, int home,
+                       std::vector<std::vector<double>> switchSeconds, std::vector<double> gradSeconds,
+                       int boundaryCandidates) {
+             PlannerOptions o;
+             o.boundaryCandidates = boundaryCandidates;
+             return Planner(cost, std::move(candidates), home, std::move(switchSeconds),
+                            std::move(gradSeconds), o);
+           }),
+           py::arg("cost"), py::arg("candidates"), py::arg("home"), py::arg("switch_seconds"),
+           py::arg("grad_seconds"), py::arg("boundary_candidates") = 32)
+      .def("micro_batch_budget", &Planner::microBatchBudget, py::arg("candidate"))
+      .def("plan", [](const Planner& p, const std::vector<int64_t>& lengths) {
+        StepPlan plan;
+        {
+          py::gil_scoped_release release;
+          plan = p.plan(lengths);
+        }
+        py::list phases;
+        for (const PlannedPhase& ph : plan.phases) {
+          py::dict d;
+          d["layout"] = ph.layout;
+          d["sequences"] = ph.sequences;
+          d["micro_batches"] = ph.packing.microBatches;
+          d["predicted_s"] = ph.cost.totalSeconds;
+          d["peak_bytes"] = ph.cost.peakBytes;
+          d["switch_in_s"] = ph.switchInSeconds;
+          d["grad_s"] = ph.gradSeconds;
+          phases.append(d);
+        }
+        py::dict out;
+        out["phases"] = phases;
+        out["switch_back_s"] = plan.switchBackSeconds;
+        out["total_s"] = plan.totalSeconds;
+        out["best_static"] = plan.bestStaticLayout;
+        out["best_static_s"] = plan.bestStaticSeconds;
+        return out;
+      }, py::arg("lengths"), "Plans one step: phases in run order (indices into lengths), predicted seconds.");
 }

@@ -95,3 +95,21 @@ def test_cost_model_from_python():
         hs.ModelConfig.preset("gpt-5")
     with pytest.raises(ValueError, match="efficiency"):
         hs.HardwareProfile(1e12, 2.0, 1 << 30, 1e9, 1e9)
+
+
+def test_planner_from_python():
+    model = hs.ModelConfig.preset("llama-7b")
+    cost = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8), zero=True)
+    layouts = [hs.Layout(dp=8), hs.Layout(dp=2, tp=4), hs.Layout(tp=8)]
+    sw = [[0.0 if i == j else 0.2 for j in range(3)] for i in range(3)]
+    planner = hs.Planner(cost, layouts, 0, sw, [0.0, 0.1, 0.1])
+    lengths = [300] * 60 + [7, 2, 20000, 5003]
+    plan = planner.plan(lengths)
+    covered = sorted(i for ph in plan["phases"] for i in ph["sequences"])
+    assert covered == list(range(len(lengths)))
+    assert any(ph["layout"] != hs.Layout(dp=8) for ph in plan["phases"])  # 20000 needs tp
+    assert plan["total_s"] > 0 and plan["best_static_s"] > 0
+    with pytest.raises(ValueError, match="fits no candidate layout"):
+        planner.plan([10, 10**7])
+    with pytest.raises(ValueError, match="no sequences"):
+        planner.plan([])
