@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "TestUtil.h"
 #include "common/Check.h"
 
 namespace hotswitch {
@@ -97,12 +98,7 @@ TEST(CostModelTest, PipelineBubbleAndMemoryShrinkWithStages) {
 TEST(CostModelTest, RejectsWhatTheLayoutCannotShard) {
   CostModel cost(tiny(), unitHardware(), Topology(4, 4));
   auto message = [&](const Layout& l, const PhaseBatches& b) {
-    try {
-      cost.phase(l, b);
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return testing::invalidArgumentMessage([&] { cost.phase(l, b); });
   };
   EXPECT_NE(message(Layout(1, 4, 1), {{{4}}}).find("num_attention_heads(2) is not divisible by tp(4)"),
             std::string::npos);

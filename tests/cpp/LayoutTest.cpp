@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "TestUtil.h"
 #include "common/Check.h"
 #include "layout/Topology.h"
 
@@ -54,14 +55,7 @@ TEST(LayoutTest, ParseAndName) {
 }
 
 TEST(LayoutTest, BadInputNamesTheValue) {
-  auto message = [](auto fn) {
-    try {
-      fn();
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto message = [](auto fn) { return testing::invalidArgumentMessage(fn); };
   EXPECT_EQ(message([] { Layout(2, 3, 1).validate(8); }),
             "dp(2) * tp(3) * pp(1) * cp(1) = 6 != world(8)");
   EXPECT_NE(message([] { Layout(0, 1, 1); }).find("dp degree must be >= 1, got 0"), std::string::npos);

@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "TestUtil.h"
 #include "common/Check.h"
 
 namespace hotswitch {
@@ -85,14 +86,7 @@ TEST(PackerTest, DeterministicAndBalancedByTimeNotTokens) {
 }
 
 TEST(PackerTest, RejectsWhatCannotBePacked) {
-  auto message = [](auto fn) {
-    try {
-      fn();
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto message = [](auto fn) { return testing::invalidArgumentMessage(fn); };
   EXPECT_NE(message([] { Packer::pack({10, 5000}, 1, {4096, 1}, quadratic); })
                 .find("sequence 1 of length 5000 exceeds the micro-batch budget of 4096 tokens"),
             std::string::npos);
