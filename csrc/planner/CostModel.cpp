@@ -47,11 +47,11 @@ int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout) const {
 }
 
 bool CostModel::spansNodes(const Layout& layout, Axis axis) const {
-  for (const auto& group : layout.groups(axis)) {
-    if (topology_.node(group.front()) != topology_.node(group.back())) return true;
-    for (int r : group) {
-      if (topology_.node(r) != topology_.node(group.front())) return true;
-    }
+  // A group spans nodes when some rank sits on another node than its group's first rank.
+  for (int r = 0; r < layout.world(); ++r) {
+    Coord c = layout.coord(r);
+    c[static_cast<int>(axis)] = 0;
+    if (topology_.node(r) != topology_.node(layout.rank(c))) return true;
   }
   return false;
 }
