@@ -8,7 +8,7 @@ exchange over a torch.distributed process group.
 import dataclasses
 import hashlib
 import os
-from typing import Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -70,6 +70,16 @@ def _check_kind(kind: str, what: str) -> None:
         raise ValueError(f"{what} {kind!r} is not one of {', '.join(PLACEMENT_KINDS)}")
 
 
+def _check_inputs(tensor_set, src, dst, src_kind: str, dst_kind: str) -> None:
+    if not isinstance(tensor_set, _C.TensorSet):
+        raise ValueError(f"tensor_set must be a hotswitch.TensorSet, got {type(tensor_set).__name__}")
+    for name, layout in (("src", src), ("dst", dst)):
+        if not isinstance(layout, _C.Layout):
+            raise ValueError(f"{name} must be a hotswitch.Layout, got {type(layout).__name__}")
+    _check_kind(src_kind, "src_kind")
+    _check_kind(dst_kind, "dst_kind")
+
+
 def plan_switch(
     tensor_set: "_C.TensorSet",
     src: "_C.Layout",
@@ -87,13 +97,7 @@ def plan_switch(
     ``"balanced"`` (ours) or ``"greedy"`` (a baseline: tensors in order, sender = the
     same-node owner that has sent the least). Raises ``ValueError`` for bad input.
     """
-    if not isinstance(tensor_set, _C.TensorSet):
-        raise ValueError(f"tensor_set must be a hotswitch.TensorSet, got {type(tensor_set).__name__}")
-    for name, layout in (("src", src), ("dst", dst)):
-        if not isinstance(layout, _C.Layout):
-            raise ValueError(f"{name} must be a hotswitch.Layout, got {type(layout).__name__}")
-    _check_kind(src_kind, "src_kind")
-    _check_kind(dst_kind, "dst_kind")
+    _check_inputs(tensor_set, src, dst, src_kind, dst_kind)
     if topology is None:
         topology = _C.Topology(src.world, src.world)
     plan, _ = (_default_cache if cache is None else cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, policy)
@@ -110,19 +114,19 @@ def _executor(group):
     return pair
 
 
-def _describe(tensor_set, src, dst, src_kind, dst_kind) -> List[str]:
+def _describe(tensor_set, src, dst, src_kind, dst_kind, extra: List[str]) -> List[str]:
+    """One line per thing ranks must agree on; read only when they disagree."""
     lines = [
         f"src layout {src} ({src_kind})",
         f"dst layout {dst} ({dst_kind})",
         f"num_layers {tensor_set.num_layers}",
         f"{len(tensor_set.specs)} tensors",
     ]
-    lines += [repr(spec) for spec in tensor_set.specs]
-    return lines
+    return lines + [repr(spec) for spec in tensor_set.specs] + extra
 
 
-def _digest(lines: List[str]) -> int:
-    return int.from_bytes(hashlib.blake2b("\n".join(lines).encode(), digest_size=7).digest(), "little")
+def _digest(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "little")
 
 
 def _comm_device(group) -> torch.device:
@@ -132,24 +136,31 @@ def _comm_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _agree(transport, rank: int, world: int, error: Optional[str], lines: List[str], timeout: float,
-           device: torch.device):
+def _agree(transport, rank: int, world: int, error: Optional[str], key: str,
+           describe: Callable[[], List[str]], timeout: float, device: torch.device):
     """All ranks learn whether every rank accepted its input and described the same switch.
 
-    Raises ValueError on every rank otherwise: first for ranks that disagree (naming the
-    first differing line), then for a rank that refused its input (with its message).
+    ``key`` sums up the switch in one line (equal keys: equal switches); ``describe()`` gives
+    its lines, built only when ranks differ. Raises ValueError on every rank otherwise: first
+    for ranks that disagree (naming the first differing line), then for a rank that refused
+    its input (with its message).
     """
-    text = ("\n".join(lines) + "\0" + (error or "")).encode()
-    header = torch.tensor([0 if error is not None else 1, _digest(lines), len(text)], dtype=torch.int64)
+    header = torch.tensor([0 if error is not None else 1, _digest(key)], dtype=torch.int64)
     peers = [p for p in range(world) if p != rank]
-    received = {p: torch.empty(3, dtype=torch.int64, device=device) for p in peers}
+    received = {p: torch.empty(2, dtype=torch.int64, device=device) for p in peers}
     transport.exchange([(p, header.to(device)) for p in peers], [(p, received[p]) for p in peers], timeout)
     received = {p: t.cpu() for p, t in received.items()}
     headers = {rank: header, **received}
     if all(int(h[0]) == 1 and int(h[1]) == int(header[1]) for h in headers.values()):
         return
+    text = ("\n".join(describe() if key else []) + "\0" + (error or "")).encode()
+    # Second round: text sizes, then the texts.
+    size = torch.tensor([len(text)], dtype=torch.int64)
+    sizes = {p: torch.empty(1, dtype=torch.int64, device=device) for p in peers}
+    transport.exchange([(p, size.to(device)) for p in peers], [(p, sizes[p]) for p in peers], timeout)
+    received = {p: int(t.cpu()[0]) for p, t in sizes.items()}
     payload = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(device)
-    texts = {p: torch.empty(int(received[p][2]), dtype=torch.uint8, device=device) for p in peers}
+    texts = {p: torch.empty(received[p], dtype=torch.uint8, device=device) for p in peers}
     transport.exchange([(p, payload) for p in peers], [(p, texts[p]) for p in peers], timeout)
     decoded = {p: bytes(texts[p].cpu().tolist()).decode() for p in peers}
     decoded[rank] = text.decode()
@@ -167,6 +178,7 @@ def _agree(transport, rank: int, world: int, error: Optional[str], lines: List[s
     for p in range(world):
         if int(headers[p][0]) == 0:
             raise ValueError(f"switch refused by rank {p}: {decoded[p].split(chr(0), 1)[1]}")
+    raise ValueError("ranks disagree on the switch: their summaries differ")
 
 
 def _flatten_shards(shards: Shards, plan, tensor_set, rank: int, kind: str) -> List[torch.Tensor]:
@@ -246,7 +258,7 @@ def switch(
     transport, executor = _executor(group)
     device = _comm_device(group)
 
-    error, lines, plan, cached, buffers = None, [], None, False, []
+    error, key, describe, plan, cached, buffers = None, "", list, None, False, []
     # Every check below runs on every rank and reaches the others through _agree, so that a
     # rank's bad input makes all ranks raise instead of leaving them waiting.
     agree_timeout = timeout
@@ -259,21 +271,17 @@ def switch(
                 max_buffer_bytes == 0 or max_buffer_bytes >= MIN_BUFFER_BYTES):
             raise ValueError(f"max_buffer_bytes must be 0 (no bound) or an int >= {MIN_BUFFER_BYTES}, "
                              f"got {max_buffer_bytes!r}")
-        if not isinstance(tensor_set, _C.TensorSet):
-            raise ValueError(f"tensor_set must be a hotswitch.TensorSet, got {type(tensor_set).__name__}")
-        for name, layout in (("src", src), ("dst", dst)):
-            if not isinstance(layout, _C.Layout):
-                raise ValueError(f"{name} must be a hotswitch.Layout, got {type(layout).__name__}")
-            layout.validate(world)
-        _check_kind(src_kind, "src_kind")
-        _check_kind(dst_kind, "dst_kind")
+        _check_inputs(tensor_set, src, dst, src_kind, dst_kind)
+        src.validate(world)
+        dst.validate(world)
         topology = default_topology(world) if topology is None else topology
         if not isinstance(topology, _C.Topology):
             raise ValueError(f"topology must be a hotswitch.Topology, got {type(topology).__name__}")
         # Ranks must agree on everything that shapes the exchange: the plan's inputs, the
         # memory bound (it decides the rounds) and the device.
-        lines = _describe(tensor_set, src, dst, src_kind, dst_kind) + [
-            f"topology {topology!r}", f"max_buffer_bytes {max_buffer_bytes}", f"device {device.type}"]
+        extra = [f"topology {topology!r}", f"max_buffer_bytes {max_buffer_bytes}", f"device {device.type}"]
+        key = "|".join([str(tensor_set.fingerprint()), f"{src}:{src_kind}", f"{dst}:{dst_kind}", *extra])
+        describe = lambda: _describe(tensor_set, src, dst, src_kind, dst_kind, extra)  # noqa: E731
         plan, cached = (_default_cache if cache is None else cache).get(
             tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
         buffers = _flatten_shards(shards, plan, tensor_set, rank, src_kind)
@@ -283,7 +291,7 @@ def switch(
                                  f"{device.type}")
     except Exception as e:  # every refusal must reach the other ranks, whatever its type
         error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
-    _agree(transport, rank, world, error, lines, agree_timeout, device)
+    _agree(transport, rank, world, error, key, describe, agree_timeout, device)
 
     try:
         new_buffers, info = executor.run(plan, buffers, max_buffer_bytes, float(timeout), str(device))
