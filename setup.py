@@ -38,7 +38,7 @@ setup(
     version="0.1.0",
     description="Per-step parallel layouts with planned hot switching for LLM training",
     package_dir={"": "python"},
-    packages=["hotswitch"],
+    packages=["hotswitch", "hotswitch.model"],
     ext_modules=[
         CppExtension(
             "hotswitch._C",

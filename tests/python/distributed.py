@@ -8,14 +8,16 @@ import traceback
 from datetime import timedelta
 
 
-def _worker(fn, rank, world, store_path, queue, args, pg_timeout):
+def _worker(fn, rank, world, store_path, queue, args, pg_timeout, backend):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
-            "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+            backend, init_method=f"file://{store_path}", rank=rank, world_size=world,
             timeout=timedelta(seconds=pg_timeout))
         result = fn(rank, world, *args)
         queue.put((rank, "ok", result))
@@ -28,8 +30,10 @@ def _worker(fn, rank, world, store_path, queue, args, pg_timeout):
         os._exit(0)
 
 
-def run_world(world, fn, *args, timeout=120.0, pg_timeout=60.0, allow_exit=()):
+def run_world(world, fn, *args, timeout=120.0, pg_timeout=60.0, allow_exit=(), backend="gloo"):
     """Runs ``fn(rank, world, *args)`` on ``world`` spawned ranks; returns the results by rank.
+
+    ``backend="nccl"`` gives rank ``r`` CUDA device ``r`` (modulo the device count).
 
     Ranks in ``allow_exit`` may die without reporting (their result is None). Raises
     AssertionError when a rank raised, died unexpectedly, or the world ran past ``timeout``.
@@ -38,7 +42,7 @@ def run_world(world, fn, *args, timeout=120.0, pg_timeout=60.0, allow_exit=()):
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(fn, r, world, store, queue, args, pg_timeout))
+        procs = [ctx.Process(target=_worker, args=(fn, r, world, store, queue, args, pg_timeout, backend))
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -1,0 +1,111 @@
+"""Collectives of the tensor-parallel region, as autograd functions, and the
+point-to-point exchange of the pipeline.
+
+Sequence parallelism: between blocks, each of the ``tp`` ranks holds the residual stream of
+its contiguous slice of the pack's tokens, ``[T / tp, hidden]``. A block gathers the slices
+before its column-parallel matrix (backward: reduce-scatter) and reduce-scatters the
+row-parallel matrix's partial sums (backward: all-gather).
+
+Gloo has no reduce-scatter and no all-gather into one tensor: there the reduce-scatter is an
+all-reduce followed by a slice, and the all-gather gathers a list.
+"""
+
+from datetime import timedelta
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_reduce", "all_gather_rows", "reduce_scatter_rows", "gather_from_sequence",
+           "scatter_to_sequence", "exchange"]
+
+
+def _is_nccl(group) -> bool:
+    return dist.get_backend(group) == "nccl"
+
+
+def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """Sums ``x`` in place over ``group`` (no-op for ``None``); returns ``x``."""
+    if group is not None:
+        dist.all_reduce(x, op=op, group=group)
+    return x
+
+
+def all_gather_rows(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """``[n, ...]`` on each rank -> ``[size * n, ...]``, the ranks' rows in group-rank order."""
+    if group is None:
+        return x
+    x = x.contiguous()
+    if _is_nccl(group):
+        out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+        gather(out, x, group=group)
+        return out
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts)
+
+
+def reduce_scatter_rows(x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
+    """``[size * n, ...]`` summands on each rank -> rows ``[index * n, (index + 1) * n)`` of
+    their sum."""
+    if group is None:
+        return x
+    n = x.shape[0] // size
+    if _is_nccl(group):
+        out = torch.empty((n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+        scatter(out, x.contiguous(), group=group)
+        return out
+    total = x.clone()
+    dist.all_reduce(total, group=group)
+    return total[index * n:(index + 1) * n].clone()
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, size, index):
+        ctx.group, ctx.size, ctx.index = group, size, index
+        return all_gather_rows(x, group, size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_rows(grad, ctx.group, ctx.size, ctx.index), None, None, None
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, size, index):
+        ctx.group, ctx.size = group, size
+        return reduce_scatter_rows(x, group, size, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_rows(grad, ctx.group, ctx.size), None, None, None
+
+
+def gather_from_sequence(x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
+    """Sequence-parallel slices ``[T / tp, h]`` -> the whole pack ``[T, h]`` on every TP rank."""
+    if group is None:
+        return x
+    return _GatherFromSequence.apply(x, group, size, index)
+
+
+def scatter_to_sequence(x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
+    """Partial sums ``[T, h]`` on each TP rank -> this rank's slice ``[T / tp, h]`` of the sum."""
+    if group is None:
+        return x
+    return _ScatterToSequence.apply(x, group, size, index)
+
+
+def exchange(sends: Sequence, recvs: Sequence, group, timeout: float) -> None:
+    """Posts every ``(tensor, peer)`` send and receive (peers are global ranks) as one batch
+    and waits for all of them, each for at most ``timeout`` seconds (then ``RuntimeError``).
+    Posting both directions together is what keeps the 1F1B schedule free of deadlocks on
+    NCCL, whose sends block until the peer receives."""
+    ops: List[dist.P2POp] = [dist.P2POp(dist.isend, t, peer, group) for t, peer in sends]
+    ops += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in recvs]
+    if not ops:
+        return
+    for work in dist.batch_isend_irecv(ops):
+        work.wait(timedelta(seconds=timeout))

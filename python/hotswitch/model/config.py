@@ -1,0 +1,108 @@
+"""The configuration of a LLaMA-style decoder and its checks against a layout."""
+
+import dataclasses
+
+from hotswitch import _C
+from hotswitch.specs import llama_tensor_set
+
+__all__ = ["TransformerConfig", "DTYPES"]
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """A LLaMA-style decoder: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention.
+
+    ``num_query_groups`` is the number of key/value heads (``<= num_attention_heads``, a
+    divisor of it); the head dimension is ``hidden_size / num_attention_heads`` and must be
+    even (rotary embeddings rotate pairs). ``tied_embedding`` makes the output head reuse
+    the embedding (held by the first and the last pipeline stage). ``dtype`` is the
+    parameter and activation dtype. ``init_std`` is the standard deviation of the initial
+    linear and embedding weights (output projections of each block are scaled down by
+    ``sqrt(2 * num_layers)``, as in Megatron); norm weights start at one.
+    """
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tied_embedding: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dtype: str = "float32"
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                     "ffn_hidden_size", "vocab_size", "max_position_embeddings"):
+            _positive_int(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size({self.hidden_size}) is not divisible by "
+                             f"num_attention_heads({self.num_attention_heads})")
+        if self.num_query_groups > self.num_attention_heads or \
+                self.num_attention_heads % self.num_query_groups:
+            raise ValueError(f"num_attention_heads({self.num_attention_heads}) is not a multiple of "
+                             f"num_query_groups({self.num_query_groups})")
+        if self.head_dim % 2:
+            raise ValueError(f"head dim hidden_size({self.hidden_size}) / num_attention_heads"
+                             f"({self.num_attention_heads}) = {self.head_dim} must be even for rotary "
+                             f"embeddings")
+        if not isinstance(self.tied_embedding, bool):
+            raise ValueError(f"tied_embedding must be a bool, got {self.tied_embedding!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def tensor_set(self) -> "_C.TensorSet":
+        """The parameters with their full shapes and sharding rules: ``hs.llama_tensor_set``
+        of this config, the names the redistribution engine switches."""
+        return llama_tensor_set(
+            num_layers=self.num_layers, hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_hidden_size, num_attention_heads=self.num_attention_heads,
+            num_query_groups=self.num_query_groups, vocab_size=self.vocab_size,
+            tied_embedding=self.tied_embedding, dtype=self.dtype)
+
+    def cost_config(self, recompute: bool = False) -> "_C.ModelConfig":
+        """This model for the cost model (``hs.ModelConfig``)."""
+        return _C.ModelConfig(
+            num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads, num_query_groups=self.num_query_groups,
+            ffn_hidden_size=self.ffn_hidden_size, vocab_size=self.vocab_size,
+            param_bytes=4 if self.dtype == "float32" else 2, recompute=recompute, name="custom")
+
+    def validate(self, layout: "_C.Layout") -> None:
+        """Raises ``ValueError`` naming the failing arithmetic when this model cannot run under
+        ``layout``. Local: no collective, so every rank raises the same error on its own."""
+        if not isinstance(layout, _C.Layout):
+            raise ValueError(f"layout must be a hotswitch.Layout, got {type(layout).__name__}")
+        if layout.cp != 1:
+            raise ValueError(f"layout {layout} has cp({layout.cp}); the model runs without context "
+                             f"parallelism (cp must be 1)")
+        tp, pp = layout.tp, layout.pp
+        checks = [
+            ("num_attention_heads", self.num_attention_heads, "tp", tp),
+            ("num_query_groups", self.num_query_groups, "tp", tp),
+            ("ffn_hidden_size", self.ffn_hidden_size, "tp", tp),
+            ("vocab_size", self.vocab_size, "tp", tp),
+            ("num_layers", self.num_layers, "pp", pp),
+        ]
+        for name, value, axis, degree in checks:
+            if value % degree:
+                raise ValueError(f"{name}({value}) is not divisible by {axis}({degree}) of layout {layout}"
+                                 + (" (pad the vocabulary)" if name == "vocab_size" else ""))

@@ -1,0 +1,141 @@
+"""The torch.distributed process groups of a layout."""
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from hotswitch import _C
+from hotswitch.logging import get_logger
+
+__all__ = ["ParallelGroups"]
+
+_log = get_logger("model")
+# (base group, global ranks) -> process group. Every rank makes every group of a layout in
+# the same order, so this cache holds the same keys on every rank and layouts that share a
+# rank set (the tp pairs of dp2tp2 and tp2pp2, say) share one process group.
+_process_groups: Dict[Tuple[object, Tuple[int, ...]], object] = {}
+
+
+def _global_ranks(group) -> List[int]:
+    """Global rank of each rank of ``group``, in group-rank order."""
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    if hasattr(dist, "get_process_group_ranks"):  # torch >= 2.0
+        return list(dist.get_process_group_ranks(group))
+    ranks = dist.distributed_c10d._pg_group_ranks[group]  # torch 1.13: global -> group rank
+    return [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+
+
+def _new_group(base, ranks: Tuple[int, ...], backend: str):
+    key = (base, ranks)
+    pg = _process_groups.get(key)
+    if pg is None:
+        pg = dist.new_group(list(ranks))
+        if backend == "nccl" and dist.get_rank() in ranks:
+            # NCCL sets its communicators up lazily on the first collective; point-to-point
+            # batches on a fresh communicator need every member present, so do it here.
+            probe = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(probe, group=pg)
+        _process_groups[key] = pg
+    return pg
+
+
+class ParallelGroups:
+    """The process groups of one layout, and where this rank sits in it.
+
+    Axes (DESIGN.md): ``tp`` ranks split each layer's matrices (and, with sequence
+    parallelism, the tokens of the norm regions); ``pp`` ranks hold consecutive layer
+    stages; ``dp`` ranks are data replicas. ``tied`` joins the first and last pipeline stage
+    of one (dp, tp) coordinate, which both hold a tied embedding (only when pp > 1).
+
+    Construction is collective over the default process group: every process builds the
+    groups of the same layouts in the same order (``dist.new_group`` requires it). Groups
+    are cached by rank set, so building the groups of a layout again costs nothing.
+    ``group`` is the process group the layout's ranks index (default: the world).
+    ``timeout`` bounds each point-to-point wait of the pipeline, in seconds (collectives
+    follow the process group's own timeout).
+
+    Attributes: ``layout``, ``rank`` (this rank in ``group``), ``coord`` (``{"dp", "tp",
+    "pp", "cp"}`` indices), ``tp_rank``/``pp_rank``/``dp_rank``, ``tp_group``/``pp_group``/
+    ``dp_group``/``tied_group`` (``None`` when the axis has one rank, or, for ``tied``, when
+    this rank holds no tied copy), ``tp_ranks``/``pp_ranks``/``dp_ranks``/``tied_ranks``
+    (global ranks of this rank's groups, by axis index), ``backend``, ``device`` (the
+    current CUDA device under NCCL, else the CPU) and ``timeout``.
+    """
+
+    def __init__(self, layout: "_C.Layout", group: Optional[object] = None, timeout: float = 300.0):
+        if not isinstance(layout, _C.Layout):
+            raise ValueError(f"layout must be a hotswitch.Layout, got {type(layout).__name__}")
+        if not dist.is_initialized():
+            raise ValueError("torch.distributed is not initialized; call init_process_group first")
+        base = dist.group.WORLD if group is None else group
+        world = dist.get_world_size(base)
+        rank = dist.get_rank(base)
+        if rank < 0:
+            raise ValueError("this process is not a member of the given group")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 1e7:
+            raise ValueError(f"timeout must be in (0, 1e7] seconds, got {timeout!r}")
+        if layout.world != world:
+            raise ValueError(f"layout {layout} has dp({layout.dp}) * tp({layout.tp}) * pp({layout.pp}) "
+                             f"* cp({layout.cp}) = {layout.world} ranks != world({world}) of the group")
+        if layout.cp != 1:
+            raise ValueError(f"layout {layout} has cp({layout.cp}); the model runs without context "
+                             f"parallelism (cp must be 1)")
+        self.layout = layout
+        self.timeout = float(timeout)
+        self.rank = rank
+        self.world = world
+        self.backend = dist.get_backend(base)
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
+                       else torch.device("cpu"))
+        self.coord = dict(layout.coord(rank))
+        self.tp_rank, self.pp_rank, self.dp_rank = self.coord["tp"], self.coord["pp"], self.coord["dp"]
+        glob = _global_ranks(base)
+        self.global_rank = glob[rank]
+
+        def build(axis_groups: List[List[int]]):
+            mine, ranks = None, [self.global_rank]
+            for members in axis_groups:
+                g = tuple(glob[r] for r in members)
+                if len(g) < 2:
+                    continue
+                pg = _new_group(base, g, self.backend)
+                if rank in members:
+                    mine, ranks = pg, list(g)
+            return mine, ranks
+
+        self.tp_group, self.tp_ranks = build(layout.groups("tp"))
+        self.pp_group, self.pp_ranks = build(layout.groups("pp"))
+        self.dp_group, self.dp_ranks = build(layout.groups("dp"))
+        tied = []
+        if layout.pp > 1:
+            for d in range(layout.dp):
+                for t in range(layout.tp):
+                    tied.append([layout.rank(dp=d, tp=t, pp=0), layout.rank(dp=d, tp=t, pp=layout.pp - 1)])
+        self.tied_group, self.tied_ranks = build(tied)
+        _log.debug("rank %d: groups of %s: tp %s pp %s dp %s", rank, layout, self.tp_ranks,
+                   self.pp_ranks, self.dp_ranks)
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.layout.pp - 1
+
+    def __repr__(self) -> str:
+        return f"ParallelGroups({self.layout}, rank={self.rank}, coord={self.coord})"

@@ -1,0 +1,369 @@
+"""The parallel decoder: this rank's stage of layers, holding only its local shards."""
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hotswitch import _C
+from hotswitch.logging import get_logger
+from hotswitch.model.attention import LengthGroups, varlen_attention
+from hotswitch.model.batch import MicroBatch
+from hotswitch.model.comm import (all_gather_rows, all_reduce, gather_from_sequence,
+                                  reduce_scatter_rows, scatter_to_sequence)
+from hotswitch.model.config import TransformerConfig
+from hotswitch.model.groups import ParallelGroups
+from hotswitch.model.init import init_shards
+from hotswitch.model.layers import (Shard, apply_rotary, rms_norm, rotary_tables,
+                                    vocab_parallel_cross_entropy, vocab_parallel_embedding)
+from hotswitch.model.pipeline import StageFunctions, run_1f1b
+
+__all__ = ["ParallelTransformer", "TransformerLayer", "PackContext"]
+
+_log = get_logger("model")
+
+
+class PackContext:
+    """What every layer needs of one micro-batch under a layout: the pack padded to a
+    multiple of ``tp`` (padding tokens form one extra sequence with no targets, so they
+    attend only to each other), rotary tables of the per-sequence positions, the length
+    groups of the attention, and the targets.
+
+    ``tokens``/``targets`` int64 ``[Tp]``, ``weights`` ``[Tp]`` (1 where a token has a
+    target, else 0), ``rows = Tp / tp`` (the sequence-parallel slice each TP rank holds).
+    """
+
+    def __init__(self, mb: MicroBatch, config: TransformerConfig, tp: int, device: torch.device):
+        n = mb.num_tokens
+        padded = -(-n // tp) * tp
+        lengths = mb.lengths + ([padded - n] if padded > n else [])
+        self.num_tokens = padded
+        self.rows = padded // tp
+        self.num_targets = mb.num_targets
+        tokens = torch.zeros(padded, dtype=torch.int64)
+        tokens[:n] = mb.tokens
+        starts = torch.tensor([0] + lengths[:-1], dtype=torch.int64).cumsum(0)
+        length_t = torch.tensor(lengths, dtype=torch.int64)
+        positions = torch.arange(padded, dtype=torch.int64) - torch.repeat_interleave(starts, length_t)
+        targets = torch.zeros(padded, dtype=torch.int64)
+        targets[:n - 1] = mb.tokens[1:]
+        weights = torch.zeros(padded, dtype=torch.float32)
+        weights[:n] = 1.0
+        weights[mb.cu_seqlens[1:] - 1] = 0.0  # the last token of each sequence
+        self.tokens = tokens.to(device)
+        self.targets = targets.to(device)
+        self.weights = weights.to(device)
+        self.cos, self.sin = rotary_tables(positions.to(device), config.head_dim, config.rope_theta,
+                                           getattr(torch, config.dtype))
+        self.attention = LengthGroups(lengths, device)
+
+
+class _Region:
+    """The tensor-parallel group of a stage, for the layers' collectives."""
+
+    def __init__(self, groups: ParallelGroups):
+        self.group, self.size, self.index = groups.tp_group, groups.tp, groups.tp_rank
+
+    def gather(self, x):
+        return gather_from_sequence(x, self.group, self.size, self.index)
+
+    def scatter(self, x):
+        return scatter_to_sequence(x, self.group, self.size, self.index)
+
+
+class TransformerLayer(nn.Module):
+    """One decoder layer's local shards and forward.
+
+    ``x`` ``[Tp / tp, hidden]`` (the sequence-parallel slice) -> same shape:
+    ``x + proj(attention(qkv(norm(x))))``, then ``x + down(silu(gate) * up)`` of the norm.
+    ``qkv`` and ``gate_up`` are column-parallel (this rank's heads and FFN columns), ``proj``
+    and ``down`` row-parallel.
+    """
+
+    def __init__(self, config: TransformerConfig, tp: int, shards: Dict[str, torch.Tensor], prefix: str):
+        super().__init__()
+        for part in ("input_norm", "qkv", "proj", "post_norm", "gate_up", "down"):
+            setattr(self, part, Shard(shards[prefix + part + ".weight"]))
+        self.eps = config.norm_eps
+        self.head_dim = config.head_dim
+        self.heads = config.num_attention_heads // tp
+        self.kv_heads = config.num_query_groups // tp
+
+    def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
+        d, hq, hkv = self.head_dim, self.heads, self.kv_heads
+        h = region.gather(rms_norm(x, self.input_norm.weight, self.eps))
+        q, k, v = F.linear(h, self.qkv.weight).split([hq * d, hkv * d, hkv * d], dim=-1)
+        q = apply_rotary(q.reshape(-1, hq, d), ctx.cos, ctx.sin)
+        k = apply_rotary(k.reshape(-1, hkv, d), ctx.cos, ctx.sin)
+        o = varlen_attention(q, k, v.reshape(-1, hkv, d), ctx.attention).reshape(-1, hq * d)
+        x = x + region.scatter(F.linear(o, self.proj.weight))
+        h = region.gather(rms_norm(x, self.post_norm.weight, self.eps))
+        gate, up = F.linear(h, self.gate_up.weight).chunk(2, dim=-1)
+        return x + region.scatter(F.linear(F.silu(gate) * up, self.down.weight))
+
+
+class ParallelTransformer(nn.Module):
+    """This rank's part of a LLaMA-style decoder under ``layout``.
+
+    The parameters are exactly this rank's local shards of ``config.tensor_set()`` under
+    the layout's ``"sharded"`` placement (so ``hs.switch`` moves them), named as in the
+    tensor set: ``embedding.weight`` (first stage, and the last one too when tied),
+    ``layers.{i}.*`` of this stage's layers, ``final_norm.weight`` and ``head.weight`` (last
+    stage). Without ``shards`` they are initialised from ``(seed, name, element index)``,
+    the same logical weights under every layout; with ``shards`` (``name -> tensor`` of the
+    local shard shapes, config dtype, on ``groups.device``) the tensors become the
+    parameters without a copy.
+
+    Under tp > 1 the norm regions run sequence-parallel: each TP rank holds
+    ``Tp / tp`` rows of the residual stream of a pack padded to ``Tp`` tokens.
+
+    Raises ``ValueError`` (before any collective) when the config does not fit the layout,
+    ``groups`` belong to another layout, or ``shards`` do not match the placement.
+    """
+
+    def __init__(self, config: TransformerConfig, layout: "_C.Layout", groups: ParallelGroups,
+                 seed: int = 0, shards: Optional[Dict[str, torch.Tensor]] = None):
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
+        config.validate(layout)
+        if not isinstance(groups, ParallelGroups):
+            raise ValueError(f"groups must be hotswitch.ParallelGroups, got {type(groups).__name__}")
+        if groups.layout != layout:
+            raise ValueError(f"groups are of layout {groups.layout}, not {layout}")
+        self.config = config
+        self.layout = layout
+        self.groups = groups
+        self.tensor_set = config.tensor_set()
+        self.device = groups.device
+        self.dtype = getattr(torch, config.dtype)
+        placement = _C.Placement(self.tensor_set, layout, "sharded")
+        self._expected = {self.tensor_set.specs[t].name: tuple(shape)
+                          for t, shape, _ in placement.buffers(groups.rank)}
+        if shards is None:
+            shards = init_shards(config, layout, groups.rank, seed, self.device)
+        else:
+            self._check_shards(shards)
+        per_stage = config.num_layers // layout.pp
+        first_layer = groups.pp_rank * per_stage
+        self.layer_ids = list(range(first_layer, first_layer + per_stage))
+        if "embedding.weight" in self._expected:
+            self.embedding = Shard(shards["embedding.weight"])
+        self.layers = nn.ModuleDict({str(i): TransformerLayer(config, layout.tp, shards, f"layers.{i}.")
+                                     for i in self.layer_ids})
+        if groups.is_last_stage:
+            self.final_norm = Shard(shards["final_norm.weight"])
+            if not config.tied_embedding:
+                self.head = Shard(shards["head.weight"])
+        self.vocab_start = groups.tp_rank * (config.vocab_size // layout.tp)
+        self._region = _Region(groups)
+        names = list(self._expected)
+        params = dict(self.named_parameters())
+        if sorted(params) != sorted(names):
+            raise RuntimeError(f"model parameters {sorted(params)} differ from the placement's {sorted(names)}")
+        # Norm weights see only this rank's token slice under sequence parallelism: their
+        # gradients are partial over the TP group until finish_gradients sums them.
+        self._tp_partial = [n for n in names if n.endswith("norm.weight")] if layout.tp > 1 else []
+        self._finished: Dict[str, torch.Tensor] = {}
+        self._pending = False
+
+    # ------------------------------------------------------------------ shards
+    def _check_shards(self, shards) -> None:
+        if not isinstance(shards, dict):
+            raise ValueError(f"shards must be a dict of name -> tensor, got {type(shards).__name__}")
+        missing = [n for n in self._expected if n not in shards]
+        extra = sorted(set(shards) - set(self._expected))
+        if missing or extra:
+            raise ValueError(f"rank {self.groups.rank}: shards under {self.layout} are {list(self._expected)}; "
+                             f"missing {missing}, unexpected {extra}")
+        for name, shape in self._expected.items():
+            t = shards[name]
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"shard {name!r} is a {type(t).__name__}, expected a tensor")
+            if tuple(t.shape) != shape or t.dtype != self.dtype or t.device.type != self.device.type:
+                raise ValueError(f"rank {self.groups.rank}: shard {name!r} is {tuple(t.shape)} {t.dtype} on "
+                                 f"{t.device}, expected the local shard shape {shape} {self.dtype} on "
+                                 f"{self.device}")
+
+    def named_shards(self) -> Dict[str, nn.Parameter]:
+        """``name -> local shard`` (the parameters themselves), in the tensor set's order:
+        the input of ``hs.switch``."""
+        params = dict(self.named_parameters())
+        return {name: params[name] for name in self._expected}
+
+    def load_shards(self, shards: Dict[str, torch.Tensor]) -> None:
+        """Makes ``shards`` (``name -> tensor`` with this layout's local shard shapes, e.g. the
+        result of a switch) the parameters' data, without a copy. Checks every shard first,
+        so a ``ValueError`` changes nothing. Gradients are left as they are."""
+        self._check_shards(shards)
+        params = self.named_shards()
+        with torch.no_grad():
+            for name, p in params.items():
+                p.data = shards[name].detach()
+
+    def grad_shards(self) -> Dict[str, torch.Tensor]:
+        """``name -> accumulated gradient`` (local shard shapes; zeros where nothing
+        accumulated). Finishes pending tensor-parallel sums first (collective over the TP
+        group, see ``finish_gradients``), so the result is a ``"partial"`` placement over
+        the data replicas (and the stages holding a tied embedding)."""
+        self.finish_gradients()
+        return {name: p.grad if p.grad is not None else torch.zeros_like(p)
+                for name, p in self.named_shards().items()}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drops all accumulated gradients."""
+        super().zero_grad(set_to_none=True)
+        self._finished.clear()
+        self._pending = False
+
+    # ------------------------------------------------------------------ execution
+    def _stage_forward(self, ctx: PackContext, x: Optional[torch.Tensor]) -> torch.Tensor:
+        """The stage's activation ``[Tp / tp, hidden]``, or on the last stage the summed loss
+        of the pack's target tokens (a float32 scalar)."""
+        g, cfg = self.groups, self.config
+        if g.is_first_stage:
+            x = self._region.scatter(vocab_parallel_embedding(ctx.tokens, self.embedding.weight, self.vocab_start))
+        for i in self.layer_ids:
+            x = self.layers[str(i)](x, ctx, self._region)
+        if not g.is_last_stage:
+            return x
+        h = self._region.gather(rms_norm(x, self.final_norm.weight, cfg.norm_eps))
+        head = self.embedding.weight if cfg.tied_embedding else self.head.weight
+        losses = vocab_parallel_cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group)
+        return (losses * ctx.weights).sum()
+
+    def _check_batches(self, micro_batches, loss_scale) -> None:
+        if not isinstance(micro_batches, (list, tuple)):
+            raise ValueError(f"micro_batches must be a list of hotswitch.MicroBatch, got "
+                             f"{type(micro_batches).__name__}")
+        for i, mb in enumerate(micro_batches):
+            if not isinstance(mb, MicroBatch):
+                raise ValueError(f"micro_batches[{i}] is a {type(mb).__name__}, expected a hotswitch.MicroBatch")
+            try:
+                mb.check(self.config.vocab_size, self.config.max_position_embeddings)
+            except ValueError as e:
+                raise ValueError(f"micro_batches[{i}]: {e}") from None
+        if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or \
+                not math.isfinite(loss_scale):
+            raise ValueError(f"loss_scale must be a finite number, got {loss_scale!r}")
+
+    def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_scale: float = 1.0) -> Tuple[float, int]:
+        """Forward and backward of this data replica's micro-batches on this rank's stage.
+
+        Every pipeline stage and TP rank of the replica passes the same list (any number,
+        lengths may differ; none is allowed). The loss of a micro-batch is the sum of the
+        cross entropy of its target tokens; gradients of ``loss * loss_scale`` accumulate into
+        ``.grad`` (pass 1 / the global batch's target count to get the global mean). Runs the
+        1F1B schedule when pp > 1. No data-parallel reduction happens here.
+
+        Returns ``(loss_sum, num_targets)`` of the replica's micro-batches, unscaled (float,
+        int), on every rank of the replica. Collective over the replica's TP and PP groups.
+        """
+        self._check_batches(micro_batches, loss_scale)
+        g = self.groups
+        if self._tp_partial and not self._pending:
+            # Gradients already summed over TP stay aside, so the next sum adds only new partials.
+            params = self.named_shards()
+            for name in self._tp_partial:
+                p = params[name]
+                if p.grad is not None:
+                    self._finished[name] = self._finished[name] + p.grad if name in self._finished else p.grad
+                    p.grad = None
+        self._pending = True
+        contexts = [PackContext(mb, self.config, self.layout.tp, self.device) for mb in micro_batches]
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+
+        def forward(i: int, x: Optional[torch.Tensor]) -> torch.Tensor:
+            nonlocal loss_sum
+            y = self._stage_forward(contexts[i], x)
+            if g.is_last_stage:
+                loss_sum = loss_sum + y.detach().double()
+                return y * loss_scale
+            return y
+
+        fns = StageFunctions(forward, lambda i: (contexts[i].rows, self.config.hidden_size),
+                             self.dtype, self.device)
+        run_1f1b(fns, len(contexts), g.pp_rank, self.layout.pp, g.pp_ranks, g.pp_group, g.timeout)
+        if g.pp_group is not None:
+            loss_sum = loss_sum.reshape(1)
+            dist.broadcast(loss_sum, src=g.pp_ranks[-1], group=g.pp_group)
+        return float(loss_sum.sum()), sum(c.num_targets for c in contexts)
+
+    def finish_gradients(self) -> None:
+        """Sums the TP-partial gradients (norm weights under sequence parallelism) over the TP
+        group. Afterwards every gradient is complete for this replica's micro-batches: the
+        ``"partial"`` placement over the data replicas that ``hs.switch(...,
+        src_kind="partial")`` sums. Collective over the TP group; a no-op when nothing is
+        pending. Later ``forward_backward`` calls keep accumulating correctly."""
+        if not self._pending:
+            return
+        self._pending = False
+        if not self._tp_partial:
+            return
+        params = self.named_shards()
+        grads = [params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])
+                 for n in self._tp_partial]
+        flat = torch.cat([x.reshape(-1) for x in grads])
+        all_reduce(flat, self.groups.tp_group)
+        for name, part in zip(self._tp_partial, flat.split([x.numel() for x in grads])):
+            grad = part.view_as(params[name])
+            if name in self._finished:
+                grad = self._finished.pop(name) + grad
+            params[name].grad = grad
+
+    def reduce_gradients(self, zero: bool = False) -> Union[Dict[str, torch.Tensor], torch.Tensor]:
+        """The data-parallel reduction of a static layout: ``finish_gradients``, then the sum
+        over the data replicas (and over the first and last stage for a tied embedding).
+
+        ``zero=False``: all-reduce; ``.grad`` holds the full sums; returns ``grad_shards()``.
+        ``zero=True`` (optimizer state ZeRO-sharded over the dp group): reduce-scatter; returns
+        this rank's flat chunk of the ``"zero"`` placement (1-D, ``ceil(total / dp)``
+        elements of the local shards concatenated in tensor-set order, zero-padded), and
+        ``.grad`` is left unreduced. Collective over the TP, DP and tied groups.
+        """
+        self.finish_gradients()
+        g = self.groups
+        shards = self.named_shards()
+        grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in shards.items()}
+        if self.config.tied_embedding and g.tied_group is not None:
+            grads["embedding.weight"] = all_reduce(grads["embedding.weight"].clone(), g.tied_group)
+        flat = torch.cat([x.reshape(-1) for x in grads.values()])
+        if zero:
+            dp = self.layout.dp
+            chunk = -(-flat.numel() // dp)
+            padded = torch.zeros(chunk * dp, dtype=flat.dtype, device=flat.device)
+            padded[:flat.numel()] = flat
+            if g.dp_group is None:
+                return padded
+            return reduce_scatter_rows(padded.view(dp, chunk), g.dp_group, dp, g.dp_rank).view(-1)
+        all_reduce(flat, g.dp_group)
+        for (name, p), part in zip(shards.items(), flat.split([x.numel() for x in grads.values()])):
+            p.grad = part.view_as(p)
+        return self.grad_shards()
+
+    def zero_chunk(self) -> torch.Tensor:
+        """This rank's flat chunk of the ``"zero"`` placement of the parameters (a copy)."""
+        flat = torch.cat([p.detach().reshape(-1) for p in self.named_shards().values()])
+        dp = self.layout.dp
+        chunk = -(-flat.numel() // dp)
+        padded = torch.zeros(chunk * dp, dtype=flat.dtype, device=flat.device)
+        padded[:flat.numel()] = flat
+        return padded[self.groups.dp_rank * chunk:(self.groups.dp_rank + 1) * chunk].clone()
+
+    def load_zero_chunks(self, chunk: torch.Tensor) -> None:
+        """All-gathers every data replica's ``"zero"`` chunk (1-D, as from ``zero_chunk``) over
+        the dp group and copies the result into the parameters. Collective over the dp group."""
+        g = self.groups
+        shards = self.named_shards()
+        total = sum(p.numel() for p in shards.values())
+        dp = self.layout.dp
+        expected = -(-total // dp)
+        if chunk.dim() != 1 or chunk.numel() != expected:
+            raise ValueError(f"zero chunk has shape {tuple(chunk.shape)}, expected ({expected},)")
+        flat = all_gather_rows(chunk.detach().reshape(1, -1), g.dp_group, dp).reshape(-1)[:total]
+        with torch.no_grad():
+            for p, part in zip(shards.values(), flat.split([p.numel() for p in shards.values()])):
+                p.copy_(part.view_as(p))

@@ -1,0 +1,141 @@
+"""Rank functions of the model tests (module-level so that spawned ranks can import them)."""
+
+import numpy as np
+import torch
+
+import hotswitch as hs
+
+TINY = dict(num_layers=4, hidden_size=64, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=96,
+            vocab_size=128, max_position_embeddings=128)
+
+# Sequence lengths of each step's micro-batches: a length-1 sequence, primes, one sequence
+# far longer than the rest, and steps with fewer micro-batches than pipeline stages (and
+# than data replicas, so some replicas get none).
+STEP_LENGTHS = [
+    [[1, 7, 13], [31], [2, 3, 5], [61, 1], [11, 17]],
+    [[97], [1, 1, 2], [19, 23]],
+    [[5, 7, 11, 13], [3, 41]],
+]
+LR = 1e-3
+EPS = 1e-6
+
+
+def config(tied=False, **overrides):
+    return hs.TransformerConfig(**{**TINY, **overrides}, tied_embedding=tied)
+
+
+def batches(seed=1234, step_lengths=STEP_LENGTHS, vocab=TINY["vocab_size"]):
+    gen = torch.Generator().manual_seed(seed)
+    return [[hs.MicroBatch.from_sequences([torch.randint(0, vocab, (n,), generator=gen) for n in mb])
+             for mb in step] for step in step_lengths]
+
+
+def _numpy(shards):
+    return {k: v.detach().cpu().numpy().copy() for k, v in shards.items()}
+
+
+def reference(rank, world, tieds):
+    """World 1: losses and full weights after training, per tied-embedding setting."""
+    out = {}
+    for tied in tieds:
+        losses, model = hs.train_static(config(tied), hs.Layout(), batches(), lr=LR, eps=EPS)
+        out[tied] = (losses, _numpy(model.named_shards()))
+    return out
+
+
+def _compare(model, cfg, layout, rank, full):
+    expected = hs.shard_tensors({k: torch.from_numpy(v) for k, v in full.items()}, cfg.tensor_set(), layout, rank)
+    shards = model.named_shards()
+    assert shards.keys() == expected.keys(), (sorted(shards), sorted(expected))
+    return max(float((shards[k].detach() - expected[k]).abs().max()) for k in shards)
+
+
+def parity(rank, world, runs, refs):
+    """Trains each (layout, tied, zero) run; returns its losses and the largest weight
+    difference of this rank's shards against the reference's."""
+    out = {}
+    for name, tied, zero in runs:
+        layout = hs.Layout.parse(name)
+        cfg = config(tied)
+        losses, model = hs.train_static(cfg, layout, batches(), lr=LR, eps=EPS, zero=zero)
+        out[(name, tied, zero)] = (losses, _compare(model, cfg, layout, rank, refs[tied][1]))
+    return out
+
+
+def parity_cuda(rank, world, name, refs):
+    """Trains on CUDA over NCCL (TF32 off); losses and the weight difference to the CPU run."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    layout = hs.Layout.parse(name)
+    cfg = config()
+    losses, model = hs.train_static(cfg, layout, batches(), lr=LR, eps=EPS)
+    assert all(p.is_cuda for p in model.named_shards().values())
+    shards = {k: v.detach().cpu() for k, v in model.named_shards().items()}
+    expected = hs.shard_tensors({k: torch.from_numpy(v) for k, v in refs[False][1].items()},
+                                cfg.tensor_set(), layout, rank)
+    return losses, max(float((shards[k] - expected[k]).abs().max()) for k in shards)
+
+
+def switch_model(rank, world, src, dst, tied):
+    """Switching a model's shards, and its partial gradients, from ``src`` to ``dst``."""
+    cfg = config(tied)
+    ts = cfg.tensor_set()
+    a, b = hs.Layout.parse(src), hs.Layout.parse(dst)
+    ga, gb = hs.ParallelGroups(a), hs.ParallelGroups(b)
+    model_a = hs.ParallelTransformer(cfg, a, ga, seed=3)
+    direct = hs.ParallelTransformer(cfg, b, gb, seed=3)
+    moved = hs.ParallelTransformer(cfg, b, gb, seed=9)
+    moved.load_shards(hs.switch(model_a.named_shards(), ts, a, b).shards)
+    same_weights = all(torch.equal(x, y) for x, y in zip(moved.named_shards().values(),
+                                                          direct.named_shards().values()))
+    step = batches()[0]
+    scale = 1.0 / hs.count_targets(step)
+    loss_direct = direct.forward_backward(hs.split_replicas(step, b.dp)[gb.dp_rank], scale)
+    loss_moved = moved.forward_backward(hs.split_replicas(step, b.dp)[gb.dp_rank], scale)
+    same_grads = all(torch.equal(x, y) for x, y in zip(moved.grad_shards().values(),
+                                                        direct.grad_shards().values()))
+    # Gradients of src, accumulated over two calls and left partial over the data replicas,
+    # switched with their summands added, against the reduction done under dst.
+    mine = hs.split_replicas(step, a.dp)[ga.dp_rank]
+    model_a.forward_backward(mine[:1], scale)
+    model_a.finish_gradients()
+    model_a.forward_backward(mine[1:], scale)
+    summed = hs.switch(model_a.grad_shards(), ts, a, b, src_kind="partial").shards
+    reduced = direct.reduce_gradients()
+    grad_diff = max(float((summed[k] - reduced[k]).abs().max()) for k in reduced)
+    grad_scale = max(float(reduced[k].abs().max()) for k in reduced)
+    return same_weights, loss_direct == loss_moved, same_grads, grad_diff, grad_scale
+
+
+def bad_input(rank, world):
+    """Errors that must come before any collective, on every rank; the world stays usable."""
+    messages = []
+    for make in (lambda: hs.ParallelGroups(hs.Layout.parse("dp2tp4")),
+                 lambda: hs.ParallelTransformer(config(num_attention_heads=4, num_query_groups=2),
+                                                hs.Layout.parse("tp4"), None),
+                 lambda: hs.ParallelTransformer(config(num_layers=3), hs.Layout.parse("pp4"), None),
+                 lambda: hs.ParallelTransformer(config(num_attention_heads=8, num_query_groups=2),
+                                                hs.Layout.parse("tp4"), None)):
+        try:
+            make()
+            messages.append(None)
+        except ValueError as e:
+            messages.append(str(e))
+    layout = hs.Layout.parse("dp2tp2")
+    model = hs.ParallelTransformer(config(), layout, hs.ParallelGroups(layout))
+    shards = {k: v.detach().clone() for k, v in model.named_shards().items()}
+    wrong = dict(shards)
+    wrong["layers.1.qkv.weight"] = torch.zeros(3, 3)
+    try:
+        model.load_shards(wrong)
+        messages.append(None)
+    except ValueError as e:
+        messages.append(str(e))
+    intact = all(torch.equal(v, shards[k]) for k, v in model.named_shards().items())
+    try:
+        model.forward_backward([hs.MicroBatch(torch.tensor([1, 200]), torch.tensor([0, 2]))], 1.0)
+        messages.append(None)
+    except ValueError as e:
+        messages.append(str(e))
+    torch.distributed.barrier()
+    return messages, intact

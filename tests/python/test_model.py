@@ -1,0 +1,233 @@
+"""The parallel transformer against a single-process run of the same code, on real gloo
+processes, plus unit tests of its pieces.
+
+Tolerances: fp32 sums taken in another order (TP partial sums, DP reductions) differ by
+~1e-9 in the gradients. AdamW's step lr * g / (|g| + eps) turns a gradient error d near
+g = 0 into a weight error of up to lr * d / eps, so the runs use eps = 1e-6 (with 1e-8 a
+tp4 run differed by 1.7e-5 on one element; the gradients themselves agree to 1e-8).
+"""
+
+import math
+
+import pytest
+import torch
+
+import hotswitch as hs
+import model_workers as w
+from distributed import run_world
+from hotswitch.model.attention import LengthGroups, varlen_attention
+from hotswitch.model.init import uniform_at
+
+TOL = 1e-5
+WORLD4_RUNS = (
+    [(name, False, False) for name in ("dp4", "tp4", "pp4", "dp2tp2", "dp2pp2", "tp2pp2")]
+    + [(name, True, False) for name in ("pp4", "dp2pp2", "tp2pp2", "dp2tp2")]
+    + [("dp4", False, True), ("dp2tp2", False, True), ("dp2pp2", True, True)]
+)
+WORLD8_RUNS = [("dp2tp2pp2", False, False), ("dp2tp2pp2", True, True)]
+
+
+@pytest.fixture(scope="module")
+def references():
+    return run_world(1, w.reference, [False, True], timeout=120)[0]
+
+
+@pytest.fixture(scope="module")
+def world4(references):
+    return run_world(4, w.parity, WORLD4_RUNS, references, timeout=600)
+
+
+def _check_run(results, references, run):
+    ref_losses = references[run[1]][0]
+    for rank, result in enumerate(results):
+        losses, weight_diff = result[run]
+        assert len(losses) == len(ref_losses) == len(w.STEP_LENGTHS)
+        for a, b in zip(losses, ref_losses):
+            assert abs(a - b) <= TOL * abs(b), (rank, losses, ref_losses)
+        assert weight_diff <= TOL, (rank, weight_diff)
+
+
+@pytest.mark.parametrize("run", WORLD4_RUNS, ids=lambda r: f"{r[0]}{'-tied' if r[1] else ''}{'-zero' if r[2] else ''}")
+def test_world4_training_matches_single_process(world4, references, run):
+    _check_run(world4, references, run)
+
+
+def test_world8_training_matches_single_process(references):
+    results = run_world(8, w.parity, WORLD8_RUNS, references, timeout=600)
+    for run in WORLD8_RUNS:
+        _check_run(results, references, run)
+
+
+def test_reference_learns():
+    """The reference is not degenerate: the loss of a repeated batch falls."""
+    cfg = w.config()
+    batch = w.batches()[0]
+    results = run_world(1, _repeat_batch, cfg, batch, timeout=120)[0]
+    assert results[-1] < results[0] - 0.05, results
+
+
+def _repeat_batch(rank, world, cfg, batch):
+    return hs.train_static(cfg, hs.Layout(), [batch], steps=6, lr=1e-2)[0]
+
+
+@pytest.mark.parametrize("src,dst,tied", [("dp2tp2", "tp2pp2", True), ("tp2pp2", "dp2tp2", True),
+                                          ("pp4", "dp2tp2", False)])
+def test_switch_then_load_equals_building_under_the_new_layout(src, dst, tied):
+    for same_weights, same_loss, same_grads, grad_diff, grad_scale in run_world(
+            4, w.switch_model, src, dst, tied, timeout=300):
+        assert same_weights and same_loss and same_grads
+        assert grad_scale > 1e-4
+        assert grad_diff <= 1e-7, grad_diff
+
+
+def test_bad_input_raises_before_any_collective():
+    for messages, intact in run_world(4, w.bad_input, timeout=120):
+        world, heads, layers, groups, shape, token = messages
+        assert "!= world(4)" in world, world
+        assert "num_attention_heads(4) is not divisible by tp(4)" not in heads  # heads=4 divides
+        assert "num_query_groups(2) is not divisible by tp(4)" in heads, heads
+        assert "num_layers(3) is not divisible by pp(4)" in layers, layers
+        assert "num_query_groups(2) is not divisible by tp(4)" in groups, groups
+        assert "layers.1.qkv.weight" in shape and "(3, 3)" in shape, shape
+        assert "vocab_size(128)" in token, token
+        assert intact
+
+
+@pytest.mark.parametrize("kwargs,layout,needle", [
+    (dict(num_attention_heads=6, hidden_size=48, num_query_groups=6), "tp4", "num_attention_heads(6) is not divisible by tp(4)"),
+    (dict(num_query_groups=2), "tp4", "num_query_groups(2) is not divisible by tp(4)"),
+    (dict(num_layers=6), "pp4", "num_layers(6) is not divisible by pp(4)"),
+    (dict(ffn_hidden_size=90), "tp4", "ffn_hidden_size(90) is not divisible by tp(4)"),
+    (dict(vocab_size=130), "tp4", "vocab_size(130) is not divisible by tp(4)"),
+    ({}, "dp2cp2", "cp must be 1"),
+])
+def test_config_rejects_layouts_it_cannot_run_under(kwargs, layout, needle):
+    cfg = w.config(**kwargs)
+    with pytest.raises(ValueError) as e:
+        cfg.validate(hs.Layout.parse(layout))
+    assert needle in str(e.value)
+    with pytest.raises(ValueError) as e:  # before it looks at the groups: no collective
+        hs.ParallelTransformer(cfg, hs.Layout.parse(layout), groups=None)
+    assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(num_query_groups=3), "num_attention_heads(8) is not a multiple of num_query_groups(3)"),
+    (dict(num_query_groups=16), "num_query_groups(16)"),
+    (dict(hidden_size=60), "hidden_size(60) is not divisible by num_attention_heads(8)"),
+    (dict(hidden_size=24), "must be even"),
+    (dict(num_layers=0), "num_layers must be a positive int"),
+    (dict(dtype="float64"), "dtype 'float64'"),
+])
+def test_config_rejects_bad_models(kwargs, needle):
+    with pytest.raises(ValueError) as e:
+        w.config(**kwargs)
+    assert needle in str(e.value)
+
+
+def test_config_matches_the_engine_and_the_cost_model():
+    cfg = w.config(tied=True)
+    names = [s.name for s in cfg.tensor_set().specs]
+    assert names[0] == "embedding.weight" and "head.weight" not in names
+    assert cfg.tensor_set().fingerprint() == hs.llama_tensor_set(
+        num_layers=4, hidden_size=64, ffn_hidden_size=96, num_attention_heads=8, num_query_groups=4,
+        vocab_size=128, tied_embedding=True, dtype="float32").fingerprint()
+    cost = w.config().cost_config()  # the cost model counts an untied head
+    assert (cost.num_layers, cost.hidden_size, cost.num_query_groups, cost.vocab_size) == (4, 64, 4, 128)
+    assert cost.total_params == sum(s.numel for s in w.config().tensor_set().specs)
+
+
+def test_initialiser_gives_the_same_logical_weights_under_every_layout():
+    for tied in (False, True):
+        cfg = w.config(tied)
+        full = hs.init_full(cfg, seed=5)
+        for layout in hs.Layout.enumerate(4):
+            if layout.cp > 1:
+                continue
+            for rank in range(4):
+                shards = hs.init_shards(cfg, layout, rank, seed=5)
+                expected = hs.shard_tensors(full, cfg.tensor_set(), layout, rank)
+                assert shards.keys() == expected.keys()
+                for name in shards:
+                    assert torch.equal(shards[name], expected[name]), (layout, rank, name)
+    other = hs.init_full(w.config(), seed=6)
+    assert not torch.equal(other["layers.0.qkv.weight"], hs.init_full(w.config(), seed=5)["layers.0.qkv.weight"])
+
+
+def test_initialiser_statistics_and_hash():
+    cfg = w.config(hidden_size=256, num_attention_heads=8, ffn_hidden_size=512)
+    full = hs.init_full(cfg, seed=0)
+    std = cfg.init_std
+    assert abs(float(full["layers.0.gate_up.weight"].std()) - std) < 0.02 * std
+    assert abs(float(full["layers.0.down.weight"].std()) - std / math.sqrt(8)) < 0.02 * std
+    assert abs(float(full["embedding.weight"].mean())) < 0.02 * std
+    assert torch.equal(full["final_norm.weight"], torch.ones(256))
+    # splitmix64 in plain Python integers, against the int64 tensor version.
+    from hotswitch.model.init import _key
+
+    def splitmix(key, i):
+        m = (1 << 64) - 1
+        z = (key + (i + 1) * 0x9E3779B97F4A7C15) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+    index = torch.tensor([0, 1, 2, 12345, 2**40 + 7])
+    ours = uniform_at(3, "layers.2.qkv.weight", index).tolist()
+    key = _key(3, "layers.2.qkv.weight") & ((1 << 64) - 1)
+    assert ours == [splitmix(key, int(i)) for i in index]
+
+
+def _dense_reference(q, k, v, lengths):
+    out, start = [], 0
+    repeat = q.shape[1] // k.shape[1]
+    for n in lengths:
+        qs, ks, vs = q[start:start + n], k[start:start + n], v[start:start + n]
+        ks, vs = ks.repeat_interleave(repeat, 1), vs.repeat_interleave(repeat, 1)
+        scores = torch.einsum("qhd,khd->hqk", qs.double(), ks.double()) / math.sqrt(q.shape[-1])
+        scores = scores + torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs.double()))
+        start += n
+    return torch.cat(out)
+
+
+def test_varlen_attention_matches_per_sequence_reference():
+    torch.manual_seed(0)
+    lengths = [1, 7, 3, 7, 31, 2, 1]
+    q = torch.randn(sum(lengths), 4, 8)
+    k, v = torch.randn(sum(lengths), 2, 8), torch.randn(sum(lengths), 2, 8)
+    got = varlen_attention(q, k, v, LengthGroups(lengths, torch.device("cpu")))
+    assert float((got.double() - _dense_reference(q, k, v, lengths)).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("tokens,cu,needle", [
+    ([1, 2, 3], [0, 2], "rise strictly from 0 to the token count 3"),
+    ([1, 2, 3], [0, 0, 3], "rise strictly"),
+    ([1, 2, 3], [0], "no sequence"),
+])
+def test_micro_batch_rejects_bad_packs(tokens, cu, needle):
+    with pytest.raises(ValueError) as e:
+        hs.MicroBatch(torch.tensor(tokens), torch.tensor(cu)).check()
+    assert needle in str(e.value)
+    with pytest.raises(ValueError) as e:
+        hs.MicroBatch(torch.tensor(tokens, dtype=torch.int32), torch.tensor([0, 3])).check()
+    assert "int64" in str(e.value)
+
+
+def test_micro_batch_targets():
+    mb = hs.MicroBatch.from_sequences([[5], [1, 2, 3], [4, 4]])
+    assert mb.cu_seqlens.tolist() == [0, 1, 4, 6]
+    assert (mb.num_tokens, mb.num_sequences, mb.num_targets) == (6, 3, 3)
+    assert [len(r) for r in hs.split_replicas([mb] * 5, 2)] == [3, 2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_nccl_training_matches_cpu_reference(references):
+    gpus = torch.cuda.device_count()
+    world = 2 if gpus >= 2 else 1
+    layout = "tp2" if world == 2 else "dp1"
+    results = run_world(world, w.parity_cuda, layout, references, backend="nccl", timeout=300)
+    for losses, weight_diff in results:
+        for a, b in zip(losses, references[False][0]):
+            assert abs(a - b) <= 1e-4 * abs(b)
+        assert weight_diff <= 1e-4
