@@ -42,6 +42,8 @@ from hotswitch.model import (  # noqa: E402
     split_replicas,
     train_static,
 )
+from hotswitch.runtime import PhaseResult, Runtime, StepResult  # noqa: E402
+from hotswitch.distributed import init_distributed  # noqa: E402
 
 __all__ = [
     "CostModel",
@@ -52,10 +54,13 @@ __all__ = [
     "ParallelGroups",
     "ParallelTransformer",
     "ParamSpec",
+    "PhaseResult",
     "Placement",
     "Planner",
     "PlanCache",
+    "Runtime",
     "StaticTrainer",
+    "StepResult",
     "SwitchFault",
     "SwitchResult",
     "SwitchTimeout",
@@ -64,6 +69,7 @@ __all__ = [
     "TransformerConfig",
     "count_targets",
     "get_logger",
+    "init_distributed",
     "init_full",
     "init_shards",
     "llama_tensor_set",

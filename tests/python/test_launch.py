@@ -13,7 +13,7 @@ SCRIPT = """
 import os, sys
 sys.path.insert(0, {python!r})
 import torch, torch.distributed as dist
-from hotswitch.launch import init_distributed
+from hotswitch.distributed import init_distributed
 rank, world, local = init_distributed(timeout_s=60)
 t = torch.tensor([rank + 1])
 dist.all_reduce(t)
@@ -59,7 +59,7 @@ def test_launch_rejects_bad_arguments(args, needle):
 
 
 def test_init_distributed_without_launcher_names_the_variable(monkeypatch):
-    from hotswitch.launch import init_distributed
+    from hotswitch.distributed import init_distributed
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(ValueError, match="RANK is None"):
         init_distributed()

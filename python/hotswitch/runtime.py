@@ -1,0 +1,428 @@
+"""The hot-switch training runtime: every step is planned, each phase runs under its own
+layout, and one optimizer update in the home layout ends the step.
+
+One step, on every rank (collective over the group):
+
+1. the ranks agree that they hold the same batch, and the planner cuts it into phases —
+   buckets of sequences by length, a layout per bucket, micro-batches per data replica;
+2. per phase: the parameters are switched into the phase's layout (from the previous phase's
+   layout, or from the master weights for the first), its micro-batches run forward and
+   backward, and its gradients move into the home layout's accumulator — as partial summands
+   summed by the switch, or reduced over the phase's data group first, whichever the plan
+   shows moves fewer bytes;
+3. the optimizer steps over the fp32 master weights in the home layout (optionally ZeRO-1:
+   one flat shard per rank of the home data group).
+
+The master weights and the optimizer state change only in step 3, so an error in steps 1–2
+(bad input, a dead or stalled peer) leaves them exactly as they were.
+"""
+
+import dataclasses
+import hashlib
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+import hotswitch as hs
+from hotswitch import _C
+from hotswitch.logging import get_logger
+from hotswitch.redistribute import DEFAULT_TIMEOUT_S, default_topology
+
+__all__ = ["PhaseResult", "Runtime", "StepResult"]
+
+_log = get_logger("runtime")
+
+GRAD_METHODS = ("auto", "partial", "reduce")
+OptimizerFactory = Callable[[List[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclasses.dataclass
+class PhaseResult:
+    """One phase of a step as it ran on this rank (times in seconds, sizes in bytes)."""
+
+    layout: str
+    sequences: int
+    tokens: int
+    micro_batches: int           # of this rank's data replica
+    predicted_s: float           # the cost model's phase time
+    compute_s: float             # forward and backward of the micro-batches
+    switch_s: float              # parameters into this layout
+    switch_bytes: int            # moved by that switch, whole world
+    grad_s: float                # gradients into the home accumulator
+    grad_bytes: int
+    grad_method: str             # "partial", "reduce" or "local"
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What ``Runtime.train_step`` returns, the same on every rank but for the times."""
+
+    step: int
+    loss: float                  # mean over the target tokens of the whole batch
+    tokens: int                  # input tokens of the batch
+    targets: int                 # target tokens (a sequence of n tokens has n - 1)
+    seconds: float               # wall time of the step on this rank
+    switch_seconds: float        # parameters and gradients moved between layouts
+    switch_bytes: int
+    optimizer_seconds: float
+    predicted_s: float           # the planner's step time (re-calibrated cost model)
+    best_static: str             # the single layout the planner would run instead
+    best_static_predicted_s: float
+    phases: List[PhaseResult]
+
+    @property
+    def layouts(self) -> List[str]:
+        return [p.layout for p in self.phases]
+
+
+def _with_memory(hw, memory_bytes: int):
+    return _C.HardwareProfile(peak_flops=hw.peak_flops, efficiency=hw.efficiency, memory_bytes=memory_bytes,
+                              intra_node_bandwidth=hw.intra_node_bandwidth,
+                              inter_node_bandwidth=hw.inter_node_bandwidth, name=hw.name)
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+class Runtime:
+    """Trains a ``hs.ParallelTransformer`` with a planned layout per bucket of every step.
+
+    ``config``: ``hs.TransformerConfig`` (fp32 recommended: the master weights are the model's
+    dtype). ``candidates``: ``"auto"`` (every layout of the world the model divides) or a list
+    of layouts (``hs.Layout`` or names like ``"dp2tp2"``). ``home``: the layout of the master
+    weights, optimizer state and gradient accumulator (default: the candidate the planner
+    finds fastest for a batch holding one ``max_context`` sequence — what a static run would
+    pick). ``optimizer``: a factory ``params -> torch.optim.Optimizer`` over the home-layout
+    master tensors (default AdamW, lr 1e-3); optimizers that act elementwise (SGD, Adam,
+    AdamW, ...) give the same update whatever the layout. ``hardware``: a
+    ``hs.HardwareProfile`` (preset or calibrated); ``memory_budget_bytes`` overrides its
+    per-rank memory (the planner never exceeds it). ``zero``: ZeRO-1 master weights and
+    optimizer state over the home data group. ``grad_method``: ``"auto"`` (the cheaper per
+    phase, from the switch plans), ``"partial"`` or ``"reduce"``. ``timeout``: seconds for
+    every switch (a dead or stalled peer raises ``hs.SwitchTimeout`` / ``hs.SwitchFault``).
+
+    Construction is collective over ``group`` (default: the world): it builds the process
+    groups of every candidate once and initialises the weights from ``seed`` (the same
+    logical weights whatever the layout).
+    """
+
+    def __init__(self, config, *, candidates: Union[str, Sequence] = "auto", home=None,
+                 optimizer: Optional[OptimizerFactory] = None, hardware=None,
+                 memory_budget_bytes: Optional[int] = None, max_context: Optional[int] = None,
+                 zero: bool = False, grad_method: str = "auto", seed: int = 0,
+                 group: Optional[dist.ProcessGroup] = None, topology=None,
+                 timeout: float = DEFAULT_TIMEOUT_S, recalibrate: bool = True):
+        if not isinstance(config, hs.TransformerConfig):
+            raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
+        if grad_method not in GRAD_METHODS:
+            raise ValueError(f"grad_method {grad_method!r} is not one of {', '.join(GRAD_METHODS)}")
+        if not isinstance(zero, bool):
+            raise ValueError(f"zero must be a bool, got {zero!r}")
+        _check_int("seed", seed, 0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        max_context = config.max_position_embeddings if max_context is None else max_context
+        _check_int("max_context", max_context, 1)
+        if max_context > config.max_position_embeddings:
+            raise ValueError(f"max_context({max_context}) exceeds the model's max_position_embeddings"
+                             f"({config.max_position_embeddings})")
+        if group is None:
+            if not dist.is_initialized():
+                raise ValueError("torch.distributed is not initialized; call init_process_group first")
+            group = dist.group.WORLD
+        self.group = group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.topology = default_topology(self.world) if topology is None else topology
+        if not isinstance(self.topology, _C.Topology) or self.topology.world != self.world:
+            raise ValueError(f"topology must be a hotswitch.Topology of world {self.world}, got {self.topology!r}")
+        self.config = config
+        self.tensor_set = config.tensor_set()
+        self.zero = zero
+        self.grad_method = grad_method
+        self.seed = seed
+        self.timeout = float(timeout)
+        self.max_context = max_context
+        self.recalibrate = recalibrate
+        self.step = 0
+
+        self.candidates = self._candidates(candidates)
+        if hardware is None:
+            hardware = hs.HardwareProfile.preset("a100")
+        if not isinstance(hardware, _C.HardwareProfile):
+            raise ValueError(f"hardware must be a hotswitch.HardwareProfile, got {type(hardware).__name__}")
+        if memory_budget_bytes is not None:
+            _check_int("memory_budget_bytes", memory_budget_bytes, 1)
+            hardware = _with_memory(hardware, memory_budget_bytes)
+        self.hardware = hardware
+        self.cost = hs.CostModel(config.cost_config(), hardware, self.topology, zero=zero)
+        self._home_kind = "zero" if zero else "sharded"
+        n = len(self.candidates)
+        free = hs.Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n)
+        longest = max(free.micro_batch_budget(i) for i in range(n))
+        if longest < max_context:
+            raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
+                             f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
+        self.home = self._home(home, free)
+        self.planner = self._build_planner()
+
+        # Collective from here on: the same order on every rank.
+        self.groups = {l.name: hs.ParallelGroups(l, group=group) for l in self.candidates}
+        self._models: Dict[str, "hs.ParallelTransformer"] = {}
+        home_model = hs.ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed)
+        shards = {n: t.detach() for n, t in home_model.named_shards().items()}
+        if zero:
+            shards = hs.switch(shards, self.tensor_set, self.home, self.home, dst_kind="zero", group=group,
+                               topology=self.topology, timeout=self.timeout).shards
+            self.master = {"zero": torch.nn.Parameter(shards.clone())}
+        else:
+            self.master = {n: torch.nn.Parameter(t.clone()) for n, t in shards.items()}
+            self._models[self.home.name] = home_model
+        self.optimizer = (optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-3)))(list(self.master.values()))
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
+        self.prediction_errors: List[float] = []
+        self._observations: List[tuple] = []
+
+    # ----------------------------------------------------------------------------- set-up
+
+    def _candidates(self, candidates) -> List["_C.Layout"]:
+        if candidates == "auto":
+            out = []
+            for layout in hs.Layout.enumerate(self.world):
+                try:
+                    self.config.validate(layout)
+                except ValueError:
+                    continue
+                out.append(layout)
+            if not out:
+                raise ValueError(f"no layout of world {self.world} divides the model")
+            return out
+        if isinstance(candidates, str) or not isinstance(candidates, (list, tuple)) or not candidates:
+            raise ValueError(f'candidates must be "auto" or a non-empty list of layouts, got {candidates!r}')
+        out = []
+        for c in candidates:
+            layout = hs.Layout.parse(c) if isinstance(c, str) else c
+            if not isinstance(layout, _C.Layout):
+                raise ValueError(f"candidate {c!r} is not a layout or layout name")
+            layout.validate(self.world)
+            self.config.validate(layout)
+            if layout.name in [l.name for l in out]:
+                raise ValueError(f"candidate layout {layout.name} is listed twice")
+            out.append(layout)
+        return out
+
+    def _home(self, home, free) -> "_C.Layout":
+        names = [l.name for l in self.candidates]
+        if home is None:
+            return self.candidates[free.plan([self.max_context])["best_static"]]
+        layout = hs.Layout.parse(home) if isinstance(home, str) else home
+        if not isinstance(layout, _C.Layout) or layout.name not in names:
+            raise ValueError(f"home layout {home!r} is not among the candidates {names}")
+        return self.candidates[names.index(layout.name)]
+
+    def _build_planner(self):
+        from hotswitch.plan import _switch_seconds
+        home = [l.name for l in self.candidates].index(self.home.name)
+        plan = lambda a, b, **kw: hs.plan_switch(self.tensor_set, a, b, topology=self.topology, **kw)  # noqa: E731
+        switch = [[0.0 if a.name == b.name else _switch_seconds(plan(a, b), self.hardware)
+                   for b in self.candidates] for a in self.candidates]
+        grads = [0.0 if l.name == self.home.name else _switch_seconds(
+            plan(l, self.home, src_kind="partial", dst_kind=self._home_kind), self.hardware) for l in self.candidates]
+        return hs.Planner(self.cost, self.candidates, home, switch, grads)
+
+    # ----------------------------------------------------------------------------- step
+
+    def _agree_on_batch(self, sequences) -> None:
+        digest = hashlib.blake2b(digest_size=7)
+        for s in sequences:
+            digest.update(len(s).to_bytes(8, "little"))
+            digest.update(torch.as_tensor(s, dtype=torch.int64).numpy().tobytes())
+        mine = torch.tensor([int.from_bytes(digest.digest(), "little")], dtype=torch.int64)
+        everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(everyone, mine, group=self.group)
+        differ = [r for r, d in enumerate(everyone) if int(d) != int(mine)]
+        if differ:
+            raise ValueError(f"rank {self.rank}'s batch differs from the batch of ranks {differ}; every rank "
+                             "must pass the same global batch to train_step")
+
+    def _check_batch(self, sequences) -> List[torch.Tensor]:
+        if not isinstance(sequences, (list, tuple)) or not sequences:
+            raise ValueError(f"a step needs a non-empty list of token sequences, got {type(sequences).__name__}"
+                             f"{'' if not isinstance(sequences, (list, tuple)) else ' of length 0'}")
+        out = []
+        vocab = self.config.vocab_size
+        for i, s in enumerate(sequences):
+            t = torch.as_tensor(s) if not isinstance(s, torch.Tensor) else s
+            if t.dim() != 1 or t.numel() == 0 or t.dtype in (torch.float16, torch.float32, torch.float64,
+                                                             torch.bfloat16, torch.bool):
+                raise ValueError(f"sequence {i} must be a non-empty 1-D sequence of integer token ids, got "
+                                 f"shape {tuple(t.shape)} and {t.dtype}")
+            if t.numel() > self.max_context:
+                raise ValueError(f"sequence {i} has {t.numel()} tokens, more than max_context({self.max_context}); "
+                                 "truncate or split it first (hotswitch.data.fit_length)")
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= vocab:
+                raise ValueError(f"sequence {i} holds token id {lo if lo < 0 else hi}, outside [0, vocab_size({vocab}))")
+            out.append(t.to(torch.int64).cpu())
+        return out
+
+    def _model(self, layout, shards) -> "hs.ParallelTransformer":
+        model = self._models.get(layout.name)
+        if model is None:
+            model = hs.ParallelTransformer(self.config, layout, self.groups[layout.name], seed=self.seed, shards=shards)
+            self._models[layout.name] = model
+        else:
+            model.load_shards(shards)
+        return model
+
+    def _switch(self, shards, src, dst, src_kind="sharded", dst_kind="sharded", donate=False):
+        return hs.switch(shards, self.tensor_set, src, dst, src_kind=src_kind, dst_kind=dst_kind,
+                         group=self.group, topology=self.topology, timeout=self.timeout, donate=donate)
+
+    def _master_shards(self):
+        if self.zero:
+            return self.master["zero"].detach()
+        return {n: p.detach() for n, p in self.master.items()}
+
+    def train_step(self, sequences: Sequence[Sequence[int]]) -> StepResult:
+        """Trains one step on ``sequences``: the whole global batch, a list of 1-D sequences of
+        token ids (ints in ``[0, vocab_size)``, 1 to ``max_context`` tokens each), the same on
+        every rank. The loss is the mean next-token cross-entropy over all target tokens of
+        the batch. Collective over the group.
+
+        Raises ``ValueError`` on every rank, before any data moves, for a bad batch, a batch
+        that differs between ranks, or a sequence no layout holds; a dead or stalled peer
+        raises ``hs.SwitchTimeout``/``hs.SwitchFault`` (or the backend's error) within the
+        timeout. After any error the master weights and optimizer state are as they were.
+        """
+        start = time.perf_counter()
+        error = None
+        try:
+            tensors = self._check_batch(sequences)
+        except ValueError as e:
+            error, tensors = e, []
+        # Every rank learns of any rank's refusal: nobody is left waiting in a collective.
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
+        dist.all_reduce(flag, group=self.group)
+        if error is not None:
+            raise error
+        if int(flag) != 0:
+            raise ValueError("another rank refused the batch (see its error); no data moved")
+        self._agree_on_batch(tensors)
+        lengths = [int(t.numel()) for t in tensors]
+        targets = sum(n - 1 for n in lengths)
+        if targets == 0:
+            raise ValueError(f"the batch has no target tokens: all {len(lengths)} sequences have length 1")
+        plan = self.planner.plan(lengths)
+
+        loss_scale = 1.0 / targets
+        home_idx = [l.name for l in self.candidates].index(self.home.name)
+        accumulator = None
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        phases: List[PhaseResult] = []
+        current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
+        for ph in plan["phases"]:
+            layout = ph["layout"]
+            t0 = time.perf_counter()
+            moved = 0
+            if current_layout is not None and current_layout.name == layout.name:
+                params = current
+            elif layout.name == self.home.name and not self.zero:
+                params = {n: t.clone() for n, t in self._master_shards().items()}
+            elif current is None:
+                r = self._switch(self._master_shards(), self.home, layout, src_kind=self._home_kind)
+                params, moved = r.shards, r.stats["bytes_moved"]
+            else:
+                r = self._switch(current, current_layout, layout, donate=True)
+                params, moved = r.shards, r.stats["bytes_moved"]
+            switch_s = time.perf_counter() - t0
+            model = self._model(layout, params)
+            current, current_layout = params, layout
+            model.zero_grad()
+
+            coord = self.groups[layout.name]
+            mbs = [hs.MicroBatch.from_sequences([tensors[i] for i in mb])
+                   for mb in ph["micro_batches"][coord.dp_rank]]
+            t0 = time.perf_counter()
+            replica_loss, _ = model.forward_backward(mbs, loss_scale)
+            model.finish_gradients()
+            compute_s = time.perf_counter() - t0
+            if coord.tp_rank == 0 and coord.pp_rank == 0:
+                loss_sum += float(replica_loss)
+
+            t0 = time.perf_counter()
+            grads, method, grad_bytes = self._grads_home(model, layout, ph)
+            accumulator = grads if accumulator is None else self._add(accumulator, grads)
+            grad_s = time.perf_counter() - t0
+            switch_total += switch_s + grad_s
+            switch_bytes += moved + grad_bytes
+            tokens = sum(lengths[i] for i in ph["sequences"])
+            phases.append(PhaseResult(layout.name, len(ph["sequences"]), tokens, len(mbs), ph["predicted_s"],
+                                      compute_s, switch_s, moved, grad_s, grad_bytes, method))
+            self._observations.append((layout, ph, compute_s))
+        del current
+
+        t0 = time.perf_counter()
+        if self.zero:
+            self.master["zero"].grad = accumulator
+        else:
+            for n, p in self.master.items():
+                p.grad = accumulator[n]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        optimizer_s = time.perf_counter() - t0
+
+        dist.all_reduce(loss_sum, group=self.group)
+        self.step += 1
+        seconds = time.perf_counter() - start
+        measured = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.group)
+        error = abs(plan["total_s"] - float(measured)) / float(measured)
+        self.prediction_errors.append(error)
+        _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%)",
+                  self.step, len(lengths), sum(lengths), [p.layout for p in phases], plan["total_s"],
+                  float(measured), 100 * error)
+        return StepResult(
+            step=self.step, loss=float(loss_sum) / targets, tokens=sum(lengths), targets=targets,
+            seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
+            optimizer_seconds=optimizer_s, predicted_s=plan["total_s"],
+            best_static=self.candidates[plan["best_static"]].name,
+            best_static_predicted_s=plan["best_static_s"], phases=phases)
+
+    def _grads_home(self, model, layout, ph):
+        """This phase's gradients as home-layout tensors (the home placement's shards or ZeRO
+        flat buffer), summed over the phase's data replicas; (grads, method, bytes moved)."""
+        method = self.grad_method
+        if method == "auto":
+            method = ph.get("grad_method", "partial")
+        if layout.name == self.home.name and not self.zero:
+            model.reduce_gradients()
+            return {n: g.clone() for n, g in model.grad_shards().items()}, "local", 0
+        if method == "reduce":
+            model.reduce_gradients()
+            r = self._switch(model.grad_shards(), layout, self.home, dst_kind=self._home_kind)
+        else:
+            r = self._switch(model.grad_shards(), layout, self.home, src_kind="partial", dst_kind=self._home_kind)
+        return r.shards, method, r.stats["bytes_moved"]
+
+    @staticmethod
+    def _add(acc, grads):
+        if isinstance(acc, torch.Tensor):
+            return acc.add_(grads)
+        for n, g in grads.items():
+            acc[n].add_(g)
+        return acc
+
+    # ----------------------------------------------------------------------------- state
+
+    def full_weights(self) -> Dict[str, torch.Tensor]:
+        """The full logical weights (name -> tensor of the spec's full shape) on every rank.
+        Collective; it gathers the whole model on each rank, so it is meant for tests and small
+        models (checkpoints never gather)."""
+        everyone = hs.Layout(dp=self.world, tp=1, pp=1)
+        return self._switch(self._master_shards(), self.home, everyone, src_kind=self._home_kind).shards
