@@ -43,9 +43,11 @@ from hotswitch.model import (  # noqa: E402
     train_static,
 )
 from hotswitch.runtime import PhaseResult, Runtime, StepResult  # noqa: E402
+from hotswitch.checkpoint import CheckpointError  # noqa: E402
 from hotswitch.distributed import init_distributed  # noqa: E402
 
 __all__ = [
+    "CheckpointError",
     "CostModel",
     "HardwareProfile",
     "Layout",

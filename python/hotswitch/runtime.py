@@ -426,3 +426,16 @@ class Runtime:
         models (checkpoints never gather)."""
         everyone = hs.Layout(dp=self.world, tp=1, pp=1)
         return self._switch(self._master_shards(), self.home, everyone, src_kind=self._home_kind).shards
+
+    def save_checkpoint(self, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
+        """Saves a layout-independent checkpoint under ``root/step_<N>`` (see
+        ``hotswitch.checkpoint``); returns its path. Collective."""
+        from hotswitch import checkpoint
+        return checkpoint.save(self, root, data_state=data_state, extra=extra)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Loads a checkpoint saved under any home layout and world the model allows; returns
+        ``{"step", "data_state", "extra"}``. Collective; ``CheckpointError`` (a ValueError)
+        on every rank, with nothing changed, for a bad checkpoint."""
+        from hotswitch import checkpoint
+        return checkpoint.load(self, path)

@@ -1,0 +1,384 @@
+"""Checkpoints independent of the layout: every parameter and optimizer state is stored by
+logical name and full shape, as boxes of the full tensor, so a checkpoint saved under one
+home layout and world loads into any other the model allows.
+
+Layout of a checkpoint directory ``ROOT/step_00000042``::
+
+    metadata.json              format, step, tensor specs, the manifest of every box file
+                               (tensor, state, box, bytes, CRC-32), scalar optimizer state,
+                               optimizer hyperparameters, the data position, user extras
+    boxes/<state>/<tensor>/<lo>_<hi>.bin   raw little-endian elements of one box, row-major
+    rng/rank_00003.pt          each rank's RNG states (restored when the world is the same)
+
+Each box is written once, by one rank that holds it (no rank gathers the model). A save
+goes to a temporary directory renamed to ``step_N`` only once every rank has written and
+``metadata.json`` is complete, then ``ROOT/latest`` names it: a crash during a save leaves
+the previous checkpoint loadable. A load checks every file it reads (size and CRC-32) and
+refuses a corrupt, truncated or mismatched checkpoint naming the file and the tensor, on
+every rank, before any state changes.
+"""
+
+import json
+import os
+import shutil
+import zlib
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hotswitch import _C
+from hotswitch.logging import get_logger
+
+__all__ = ["CheckpointError", "latest_checkpoint", "load", "save"]
+
+FORMAT = "hotswitch-checkpoint-1"
+_log = get_logger("checkpoint")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: missing, corrupt, truncated or of another model."""
+
+
+def _box_name(lo, hi) -> str:
+    return "-".join(map(str, lo)) + "_" + "-".join(map(str, hi))
+
+
+def _views(tensor_set, layout, kind: str, rank: int, buffers: List[torch.Tensor]):
+    """(tensor index, lo, hi, view of the local buffer) for every piece of this rank."""
+    placement = _C.Placement(tensor_set, layout, kind)
+    out = []
+    for t, lo, hi, buffer, offset, strides, _ in placement.pieces(rank):
+        sizes = [b - a for a, b in zip(lo, hi)]
+        out.append((t, tuple(lo), tuple(hi), buffers[buffer].as_strided(sizes, strides, offset)))
+    return out
+
+
+def _writers(tensor_set, layout, kind: str) -> Dict[int, set]:
+    """Per rank, the pieces ``(tensor, lo, hi)`` it writes, so that every element is written
+    exactly once: pieces of the first pipeline stage holding the tensor, of data replica 0
+    under a ``sharded`` placement (every data index holds distinct chunks under ``zero``),
+    each claimed by the lowest rank that holds it (replicated tensors sit on every TP rank)."""
+    placement = _C.Placement(tensor_set, layout, kind)
+    stages: Dict[int, int] = {}
+    for r in range(layout.world):
+        c = layout.coord(r)
+        for t, *_ in placement.pieces(r):
+            stages[t] = min(stages.get(t, c["pp"]), c["pp"])
+    claimed = set()
+    writers: Dict[int, set] = {}
+    for r in range(layout.world):
+        c = layout.coord(r)
+        mine = writers.setdefault(r, set())
+        if kind == "sharded" and (c["dp"] != 0 or c["cp"] != 0):
+            continue
+        for t, lo, hi, *_ in placement.pieces(r):
+            key = (t, tuple(lo), tuple(hi))
+            if stages[t] == c["pp"] and key not in claimed:
+                claimed.add(key)
+                mine.add(key)
+    return writers
+
+
+def _states(runtime) -> Tuple[Dict[str, List[torch.Tensor]], Dict[str, object]]:
+    """The runtime's tensors to save by state name ('param', then one per optimizer state
+    tensor shaped like its parameter), as lists of local buffers in master order, and the
+    scalar optimizer state (equal for every parameter)."""
+    masters = list(runtime.master.values())
+    tensors = {"param": [p.detach() for p in masters]}
+    scalars: Dict[str, object] = {}
+    opt_state = runtime.optimizer.state
+    keys = None
+    for p in masters:
+        state = opt_state.get(p, {})
+        if keys is None:
+            keys = sorted(state)
+        elif sorted(state) != keys:
+            raise ValueError(f"optimizer state keys differ between parameters: {keys} vs {sorted(state)}")
+    for key in keys or []:
+        values = [opt_state[p][key] for p in masters]
+        if all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, masters)) \
+                and values[0].dim() > 0:
+            tensors[key] = [v.detach() for v in values]
+        elif all(not isinstance(v, torch.Tensor) or v.dim() == 0 for v in values):
+            plain = [float(v) if isinstance(v, torch.Tensor) else v for v in values]
+            if any(v != plain[0] for v in plain):
+                raise ValueError(f"optimizer state {key!r} differs between parameters ({plain[0]} vs others); "
+                                 "layout-independent checkpoints need it equal")
+            scalars[key] = {"value": plain[0], "tensor": isinstance(values[0], torch.Tensor),
+                            "dtype": str(values[0].dtype).replace("torch.", "") if isinstance(values[0], torch.Tensor)
+                            else None}
+        else:
+            raise ValueError(f"optimizer state {key!r} is neither shaped like its parameter nor a scalar; "
+                             "layout-independent checkpoints cannot store it")
+    return tensors, scalars
+
+
+def _buffers(runtime, tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Local buffers in placement order (one flat buffer for ZeRO)."""
+    return [t.reshape(-1) if runtime.zero else t for t in tensors]
+
+
+def _agree(ok: bool, message: str, group) -> None:
+    """Raises on every rank when any rank failed, with the failing ranks' messages."""
+    everyone: List[Optional[Tuple[bool, str]]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, (ok, message), group=group)
+    failed = [(r, m) for r, (good, m) in enumerate(everyone) if not good]
+    if failed:
+        raise CheckpointError("; ".join(f"rank {r}: {m}" for r, m in failed))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
+    """Saves the runtime's master weights, optimizer state, step, RNG states and
+    ``data_state`` (e.g. the sampler's ``state_dict()``) under ``root/step_<N>``; returns that
+    path. Collective over the runtime's group. Raises ``CheckpointError`` on every rank when
+    any rank fails to write (e.g. a full disk); the previous checkpoint stays loadable."""
+    group, rank = runtime.group, runtime.rank
+    if not isinstance(root, (str, os.PathLike)):
+        raise ValueError(f"checkpoint directory must be a path, got {type(root).__name__}")
+    root = os.fspath(root)
+    name = f"step_{runtime.step:08d}"
+    nonce = [os.urandom(4).hex() if rank == 0 else None]
+    dist.broadcast_object_list(nonce, src=0, group=group)
+    tmp = os.path.join(root, f".{name}.tmp-{nonce[0]}")
+    manifest, message = [], ""
+    try:
+        tensors, scalars = _states(runtime)
+        writes = _writers(runtime.tensor_set, runtime.home, runtime._home_kind).get(rank, set())
+        os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
+        for state, local in tensors.items():
+            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime._home_kind, rank,
+                                           _buffers(runtime, local)):
+                if (t, lo, hi) not in writes:
+                    continue
+                spec = runtime.tensor_set.specs[t]
+                rel = os.path.join("boxes", state, spec.name, _box_name(lo, hi) + ".bin")
+                path = os.path.join(tmp, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                data = view.detach().cpu().contiguous().numpy().tobytes()
+                with open(path, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                manifest.append({"state": state, "tensor": spec.name, "lo": list(lo), "hi": list(hi),
+                                 "file": rel, "bytes": len(data), "crc32": zlib.crc32(data)})
+        torch.save({"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                   os.path.join(tmp, "rng", f"rank_{rank:05d}.pt"))
+        ok = True
+    except (OSError, ValueError, RuntimeError) as e:
+        ok, message = False, f"{type(e).__name__}: {e}"
+    everyone: List[Optional[tuple]] = [None] * runtime.world
+    dist.all_gather_object(everyone, (ok, message, manifest), group=group)
+    failed = [(r, m) for r, (good, m, _) in enumerate(everyone) if not good]
+    if failed:
+        raise CheckpointError(f"saving {os.path.join(root, name)} failed: " +
+                              "; ".join(f"rank {r}: {m}" for r, m in failed))
+    ok, message = True, ""
+    if rank == 0:
+        try:
+            entries = sorted((e for _, _, m in everyone for e in m), key=lambda e: (e["state"], e["tensor"], e["lo"]))
+            meta = {
+                "format": FORMAT,
+                "step": runtime.step,
+                "world": runtime.world,
+                "home": runtime.home.name,
+                "zero": runtime.zero,
+                "specs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in runtime.tensor_set.specs],
+                "states": sorted(tensors),
+                "scalars": scalars,
+                "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                 for g in runtime.optimizer.state_dict()["param_groups"]],
+                "data_state": data_state,
+                "extra": extra,
+                "manifest": entries,
+            }
+            path = os.path.join(tmp, "metadata.json")
+            with open(path, "w") as f:
+                json.dump(meta, f)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            final = os.path.join(root, name)
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            latest = os.path.join(root, ".latest.tmp")
+            with open(latest, "w") as f:
+                f.write(name + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(latest, os.path.join(root, "latest"))
+            _fsync_dir(root)
+        except (OSError, TypeError, ValueError) as e:
+            ok, message = False, f"{type(e).__name__}: {e}"
+    _agree(ok, message, group)
+    _log.info("rank %d: saved %s (%d boxes written here)", rank, name, len(manifest))
+    return os.path.join(root, name)
+
+
+def latest_checkpoint(root: str) -> Optional[str]:
+    """The checkpoint ``root/latest`` names, or None when there is none."""
+    try:
+        with open(os.path.join(root, "latest")) as f:
+            name = f.read().strip()
+    except OSError:
+        return None
+    path = os.path.join(root, name)
+    return path if name and os.path.isdir(path) else None
+
+
+def _read_metadata(path: str) -> dict:
+    meta_path = os.path.join(path, "metadata.json")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {meta_path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{meta_path} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path} is not a {FORMAT} checkpoint (format {meta.get('format')!r})")
+    return meta
+
+
+class _Reader:
+    """Reads box files once each, checking their size and CRC-32."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.cache: Dict[str, np.ndarray] = {}
+
+    def read(self, entry: dict, dtype) -> np.ndarray:
+        rel = entry["file"]
+        if rel not in self.cache:
+            full = os.path.join(self.path, rel)
+            try:
+                with open(full, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                raise CheckpointError(f"cannot read {full} (tensor {entry['tensor']}, {entry['state']}): "
+                                      f"{e.strerror}") from None
+            if len(data) != entry["bytes"]:
+                raise CheckpointError(f"{full} (tensor {entry['tensor']}, {entry['state']}) has {len(data)} bytes, "
+                                      f"expected {entry['bytes']}: truncated or overwritten")
+            if zlib.crc32(data) != entry["crc32"]:
+                raise CheckpointError(f"{full} (tensor {entry['tensor']}, {entry['state']}) fails its CRC-32 check: "
+                                      "corrupt")
+            shape = [b - a for a, b in zip(entry["lo"], entry["hi"])]
+            self.cache[rel] = np.frombuffer(data, dtype=dtype).reshape(shape)
+        return self.cache[rel]
+
+
+def _fill(reader: _Reader, entries: List[dict], lo, hi, out: torch.Tensor, what: str) -> None:
+    """Copies box [lo, hi) of a tensor from the files of ``entries`` into ``out``."""
+    covered = 0
+    dtype = torch.empty(0, dtype=out.dtype).numpy().dtype
+    for e in entries:
+        a = [max(x, y) for x, y in zip(lo, e["lo"])]
+        b = [min(x, y) for x, y in zip(hi, e["hi"])]
+        if any(x >= y for x, y in zip(a, b)):
+            continue
+        src = reader.read(e, dtype)
+        src_box = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, e["lo"]))
+        dst_box = tuple(slice(x - o, y - o) for x, y, o in zip(a, b, lo))
+        out[dst_box] = torch.from_numpy(src[src_box].copy())
+        covered += int(np.prod([y - x for x, y in zip(a, b)]))
+    need = int(np.prod([y - x for x, y in zip(lo, hi)]))
+    if covered != need:
+        raise CheckpointError(f"{reader.path}: {what} box {list(lo)}..{list(hi)} is covered by {covered} of "
+                              f"{need} elements in the manifest: missing tensor data")
+
+
+def load(runtime, path: str) -> dict:
+    """Loads a checkpoint (a ``step_N`` directory, or a root holding ``latest``) into the
+    runtime, whatever home layout and world it was saved under. Collective. Returns
+    ``{"step", "data_state", "extra"}``. Raises ``CheckpointError`` on every rank, with the
+    runtime unchanged, when any rank finds the checkpoint missing, corrupt, truncated or of
+    another model (naming the file and the tensor)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"checkpoint path must be a path, got {type(path).__name__}")
+    path = os.fspath(path)
+    group, rank = runtime.group, runtime.rank
+    new_master, new_states, meta, message = None, None, None, ""
+    try:
+        if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):
+            found = latest_checkpoint(path)
+            if found is None:
+                raise CheckpointError(f"{path}/latest names no checkpoint directory")
+            path = found
+        meta = _read_metadata(path)
+        specs = {s.name: s for s in runtime.tensor_set.specs}
+        saved = {s["name"]: s for s in meta["specs"]}
+        for name, spec in specs.items():
+            if name not in saved:
+                raise CheckpointError(f"{path}/metadata.json has no tensor {name!r}: another model")
+            if saved[name]["shape"] != list(spec.shape) or saved[name]["dtype"] != spec.dtype:
+                raise CheckpointError(f"{path}/metadata.json: tensor {name!r} is {saved[name]['shape']} "
+                                      f"{saved[name]['dtype']}, the model's is {list(spec.shape)} {spec.dtype}")
+        extra_names = sorted(set(saved) - set(specs))
+        if extra_names:
+            raise CheckpointError(f"{path}/metadata.json holds tensors the model lacks: {extra_names[:5]}")
+        by_tensor: Dict[tuple, List[dict]] = {}
+        for e in meta["manifest"]:
+            by_tensor.setdefault((e["state"], e["tensor"]), []).append(e)
+        reader = _Reader(path)
+        masters = list(runtime.master.values())
+        new_states = {}
+        for state in meta["states"]:
+            local = [torch.empty_like(p) for p in masters]
+            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime._home_kind, rank,
+                                           _buffers(runtime, local)):
+                name = runtime.tensor_set.specs[t].name
+                _fill(reader, by_tensor.get((state, name), []), lo, hi, view, f"tensor {name!r} ({state})")
+            if runtime.zero:
+                # ZeRO padding beyond the last tensor belongs to nobody: zero it.
+                covered = torch.zeros(local[0].numel(), dtype=torch.bool)
+                for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, "zero", rank, [covered]):
+                    view.fill_(True)
+                local[0].view(-1)[~covered] = 0
+            new_states[state] = local
+        if "param" not in new_states:
+            raise CheckpointError(f"{path}/metadata.json lists no parameters")
+        ok = True
+    except CheckpointError as e:
+        ok, message = False, str(e)
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        ok, message = False, f"{path}: malformed checkpoint ({type(e).__name__}: {e})"
+    _agree(ok, message, group)
+
+    # Every rank has everything: commit.
+    masters = list(runtime.master.values())
+    with torch.no_grad():
+        for p, value in zip(masters, new_states.pop("param")):
+            p.copy_(value)
+    opt = runtime.optimizer
+    opt.state.clear()
+    for i, p in enumerate(masters):
+        state = {key: values[i] for key, values in new_states.items()}
+        for key, s in meta["scalars"].items():
+            state[key] = torch.tensor(s["value"], dtype=getattr(torch, s["dtype"])) if s["tensor"] else s["value"]
+        if state:
+            opt.state[p] = state
+    for group_state, saved in zip(opt.param_groups, meta["param_groups"]):
+        for k, v in saved.items():
+            group_state[k] = tuple(v) if isinstance(group_state.get(k), tuple) else v
+    runtime.step = meta["step"]
+    rng = os.path.join(path, "rng", f"rank_{rank:05d}.pt")
+    if meta["world"] == runtime.world and os.path.exists(rng):
+        states = torch.load(rng)
+        torch.set_rng_state(states["torch"])
+        if states.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
+    _log.info("rank %d: loaded %s (step %d, saved under %s on %d ranks)", rank, path, meta["step"],
+              meta["home"], meta["world"])
+    return {"step": meta["step"], "data_state": meta["data_state"], "extra": meta["extra"]}

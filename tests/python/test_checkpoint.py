@@ -1,0 +1,97 @@
+"""Layout-independent checkpoints: resume bit for bit, resume under another world and home
+layout, refuse bad checkpoints, survive a failed save."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import checkpoint_workers as w
+from distributed import run_world
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _max_diff(a, b):
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ckpt"))
+    out = run_world(4, w.save_then_continue, root, "dp2tp2", False, timeout=600)
+    return root, out[0]
+
+
+def test_resume_same_world_is_bitwise(saved):
+    root, (weights_at_save, losses, final) = saved
+    info, loaded, resumed_losses, resumed_final = run_world(4, w.resume, root, "dp2tp2", False, timeout=600)[0]
+    assert info["step"] == 2 and info["data_state"] == {"position": 2}
+    assert _equal(loaded, weights_at_save)
+    assert resumed_losses == losses
+    assert _equal(resumed_final, final)
+
+
+@pytest.mark.parametrize("world,home,zero", [(2, "tp2", True), (4, "pp4", True)])
+def test_resume_under_another_world_or_home_layout(saved, world, home, zero):
+    root, (weights_at_save, losses, final) = saved
+    info, loaded, resumed_losses, resumed_final = run_world(world, w.resume, root, home, zero, timeout=600)[0]
+    assert _equal(loaded, weights_at_save)  # loading only copies: exact
+    assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
+    assert _max_diff(resumed_final, final) <= 1e-5
+
+
+def _corrupt(root, tmp_path, how):
+    import shutil
+    src = os.path.join(root, open(os.path.join(root, "latest")).read().strip())
+    dst = str(tmp_path / "bad")
+    shutil.copytree(src, dst)
+    meta = json.load(open(os.path.join(dst, "metadata.json")))
+    entry = next(e for e in meta["manifest"] if e["tensor"] == "layers.1.qkv.weight" and e["state"] == "exp_avg")
+    target = os.path.join(dst, entry["file"])
+    if how == "flip":
+        data = bytearray(open(target, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        open(target, "wb").write(bytes(data))
+        return dst, [entry["file"], "layers.1.qkv.weight", "CRC-32"]
+    if how == "truncate":
+        data = open(target, "rb").read()
+        open(target, "wb").write(data[:-4])
+        return dst, [entry["file"], "layers.1.qkv.weight", "truncated"]
+    if how == "missing":
+        meta["manifest"] = [e for e in meta["manifest"] if e is not entry]
+        json.dump(meta, open(os.path.join(dst, "metadata.json"), "w"))
+        return dst, ["layers.1.qkv.weight", "missing tensor data"]
+    if how == "metadata":
+        open(os.path.join(dst, "metadata.json"), "w").write("{ not json")
+        return dst, ["metadata.json", "not valid JSON"]
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "missing", "metadata"])
+def test_bad_checkpoints_are_refused_everywhere_with_nothing_changed(saved, tmp_path, how):
+    root, _ = saved
+    path, needles = _corrupt(root, tmp_path, how)
+    for message, unchanged, step in run_world(2, w.refuse, path, None, timeout=300):
+        assert message is not None and unchanged and step == 0
+        for needle in needles:
+            assert needle in message, (needle, message)
+
+
+def test_a_checkpoint_of_another_model_is_refused(saved):
+    root, _ = saved
+    for message, unchanged, _ in run_world(2, w.refuse, root, 64, timeout=300):
+        assert message is not None and unchanged
+        assert "embedding.weight" in message and "[128, 32]" in message
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
+    root = str(tmp_path / "ckpt")
+    out = run_world(2, w.failed_save, root, timeout=300)
+    for first, message, latest, entries in out:
+        assert message is not None and "rank 0" in message
+        assert latest == first and first.endswith("step_00000001")
+        assert "step_00000002" not in entries
