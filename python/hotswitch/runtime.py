@@ -19,6 +19,7 @@ The master weights and the optimizer state change only in step 3, so an error in
 
 import dataclasses
 import hashlib
+import math
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -30,11 +31,16 @@ from hotswitch import _C
 from hotswitch.logging import get_logger
 from hotswitch.redistribute import DEFAULT_TIMEOUT_S, default_topology
 
-__all__ = ["PhaseResult", "Runtime", "StepResult"]
+__all__ = ["NonFiniteLoss", "PhaseResult", "Runtime", "StepResult"]
 
 _log = get_logger("runtime")
 
 GRAD_METHODS = ("auto", "partial", "reduce")
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+class NonFiniteLoss(ValueError):
+    """A step's loss is NaN or infinite (``nonfinite="raise"``); nothing was updated."""
 OptimizerFactory = Callable[[List[torch.nn.Parameter]], torch.optim.Optimizer]
 
 
@@ -61,6 +67,7 @@ class StepResult:
 
     step: int
     loss: float                  # mean over the target tokens of the whole batch
+    skipped: bool                # non-finite loss under nonfinite="skip": no optimizer step
     tokens: int                  # input tokens of the batch
     targets: int                 # target tokens (a sequence of n tokens has n - 1)
     seconds: float               # wall time of the step on this rank
@@ -116,9 +123,11 @@ class Runtime:
                  memory_budget_bytes: Optional[int] = None, max_context: Optional[int] = None,
                  zero: bool = False, grad_method: str = "auto", seed: int = 0,
                  group: Optional[dist.ProcessGroup] = None, topology=None,
-                 timeout: float = DEFAULT_TIMEOUT_S, recalibrate: bool = True):
+                 timeout: float = DEFAULT_TIMEOUT_S, recalibrate: bool = True, nonfinite: str = "raise"):
         if not isinstance(config, hs.TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite {nonfinite!r} is not one of {', '.join(NONFINITE_POLICIES)}")
         if grad_method not in GRAD_METHODS:
             raise ValueError(f"grad_method {grad_method!r} is not one of {', '.join(GRAD_METHODS)}")
         if not isinstance(zero, bool):
@@ -148,6 +157,8 @@ class Runtime:
         self.timeout = float(timeout)
         self.max_context = max_context
         self.recalibrate = recalibrate
+        self.nonfinite = nonfinite
+        self._stage = ""
         self.step = 0
 
         self.candidates = self._candidates(candidates)
@@ -171,7 +182,7 @@ class Runtime:
         self.planner = self._build_planner()
 
         # Collective from here on: the same order on every rank.
-        self.groups = {l.name: hs.ParallelGroups(l, group=group) for l in self.candidates}
+        self.groups = {l.name: hs.ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
         self._models: Dict[str, "hs.ParallelTransformer"] = {}
         home_model = hs.ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed)
         shards = {n: t.detach() for n, t in home_model.named_shards().items()}
@@ -281,6 +292,12 @@ class Runtime:
         return model
 
     def _switch(self, shards, src, dst, src_kind="sharded", dst_kind="sharded", donate=False):
+        try:
+            return self._switch_raw(shards, src, dst, src_kind, dst_kind, donate)
+        except _C.SwitchFault as e:
+            raise type(e)(f"rank {self.rank}, step {self.step + 1}, {self._stage}: {e}") from e
+
+    def _switch_raw(self, shards, src, dst, src_kind, dst_kind, donate):
         return hs.switch(shards, self.tensor_set, src, dst, src_kind=src_kind, dst_kind=dst_kind,
                          group=self.group, topology=self.topology, timeout=self.timeout, donate=donate)
 
@@ -297,9 +314,26 @@ class Runtime:
 
         Raises ``ValueError`` on every rank, before any data moves, for a bad batch, a batch
         that differs between ranks, or a sequence no layout holds; a dead or stalled peer
-        raises ``hs.SwitchTimeout``/``hs.SwitchFault`` (or the backend's error) within the
-        timeout. After any error the master weights and optimizer state are as they were.
+        raises ``hs.SwitchTimeout``/``hs.SwitchFault`` within the timeout, naming the rank, the
+        step and the stage (which phase, which switch or which groups). A NaN or infinite loss
+        raises ``NonFiniteLoss`` (a ValueError) under ``nonfinite="raise"``, or skips the
+        optimizer step under ``"skip"``. After any error the master weights and optimizer
+        state are as they were; after a fault the process group is usually unusable: restart
+        the job from the last checkpoint.
         """
+        self._stage = "agreeing on the batch"
+        try:
+            return self._train_step(sequences)
+        except (ValueError, _C.SwitchFault):
+            raise
+        except RuntimeError as e:
+            # A backend error (a dead peer closes its connections; a stalled one times out):
+            # name the stage; the master weights and optimizer state are untouched.
+            text = str(e)
+            kind = _C.SwitchTimeout if "imed out" in text or "imeout" in text else _C.SwitchFault
+            raise kind(f"rank {self.rank}, step {self.step + 1}, {self._stage}: {text}") from e
+
+    def _train_step(self, sequences: Sequence[Sequence[int]]) -> StepResult:
         start = time.perf_counter()
         error = None
         try:
@@ -326,10 +360,12 @@ class Runtime:
         loss_sum = torch.zeros(1, dtype=torch.float64)
         phases: List[PhaseResult] = []
         current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
-        for ph in plan["phases"]:
+        for k, ph in enumerate(plan["phases"]):
             layout = ph["layout"]
             t0 = time.perf_counter()
             moved = 0
+            src = current_layout or self.home
+            self._stage = f"phase {k} ({layout.name}): switching parameters {src.name} -> {layout.name}"
             if current_layout is not None and current_layout.name == layout.name:
                 params = current
             elif layout.name == self.home.name and not self.zero:
@@ -346,6 +382,8 @@ class Runtime:
             model.zero_grad()
 
             coord = self.groups[layout.name]
+            self._stage = (f"phase {k} ({layout.name}): forward and backward of data replica {coord.dp_rank} "
+                           f"(tp ranks {coord.tp_ranks}, pp ranks {coord.pp_ranks})")
             mbs = [hs.MicroBatch.from_sequences([tensors[i] for i in mb])
                    for mb in ph["micro_batches"][coord.dp_rank]]
             t0 = time.perf_counter()
@@ -356,6 +394,7 @@ class Runtime:
                 loss_sum += float(replica_loss)
 
             t0 = time.perf_counter()
+            self._stage = f"phase {k} ({layout.name}): moving gradients into the home layout {self.home.name}"
             grads, method, grad_bytes = self._grads_home(model, layout, ph)
             accumulator = grads if accumulator is None else self._add(accumulator, grads)
             grad_s = time.perf_counter() - t0
@@ -366,18 +405,26 @@ class Runtime:
                                       compute_s, switch_s, moved, grad_s, grad_bytes, method))
             self._observations.append((layout, ph, compute_s))
         del current
+        self._stage = "reducing the step's loss"
+        dist.all_reduce(loss_sum, group=self.group)
+        loss = float(loss_sum) / targets
+        if not math.isfinite(loss):
+            if self.nonfinite == "raise":
+                raise NonFiniteLoss(f"step {self.step + 1}: the loss is {loss}; the optimizer did not step and the "
+                                    "master weights are unchanged")
+            _log.warning("step %d: the loss is %s; skipping the optimizer step", self.step + 1, loss)
 
         t0 = time.perf_counter()
-        if self.zero:
-            self.master["zero"].grad = accumulator
-        else:
-            for n, p in self.master.items():
-                p.grad = accumulator[n]
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        skipped = not math.isfinite(loss)
+        if not skipped:
+            if self.zero:
+                self.master["zero"].grad = accumulator
+            else:
+                for n, p in self.master.items():
+                    p.grad = accumulator[n]
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         optimizer_s = time.perf_counter() - t0
-
-        dist.all_reduce(loss_sum, group=self.group)
         self.step += 1
         seconds = time.perf_counter() - start
         measured = torch.tensor([seconds], dtype=torch.float64)
@@ -388,7 +435,7 @@ class Runtime:
                   self.step, len(lengths), sum(lengths), [p.layout for p in phases], plan["total_s"],
                   float(measured), 100 * error)
         return StepResult(
-            step=self.step, loss=float(loss_sum) / targets, tokens=sum(lengths), targets=targets,
+            step=self.step, loss=loss, skipped=skipped, tokens=sum(lengths), targets=targets,
             seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
             optimizer_seconds=optimizer_s, predicted_s=plan["total_s"],
             best_static=self.candidates[plan["best_static"]].name,
