@@ -137,12 +137,46 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _as_fault(e: RuntimeError, rank: int, what: str) -> RuntimeError:
+    """A backend error of a collective (dead or stalled peer) as hotswitch's fault types."""
+    if isinstance(e, _C.SwitchFault):
+        return e
+    text = str(e)
+    kind = _C.SwitchTimeout if "imed out" in text or "imeout" in text else _C.SwitchFault
+    return kind(f"rank {rank}, {what}: {text}")
+
+
 def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
     """Saves the runtime's master weights, optimizer state, step, RNG states and
     ``data_state`` (e.g. the sampler's ``state_dict()``) under ``root/step_<N>``; returns that
     path. Collective over the runtime's group. Raises ``CheckpointError`` on every rank when
-    any rank fails to write (e.g. a full disk); the previous checkpoint stays loadable."""
-    group, rank = runtime.group, runtime.rank
+    any rank fails to write (e.g. a full disk), ``hs.SwitchFault``/``SwitchTimeout`` when a
+    peer dies or stalls; either way the previous checkpoint stays loadable."""
+    try:
+        return _save(runtime, root, data_state, extra)
+    except (ValueError, _C.SwitchFault):
+        raise
+    except RuntimeError as e:
+        raise _as_fault(e, runtime.rank, f"saving checkpoint step {runtime.step} under {root}") from e
+
+
+def load(runtime, path: str) -> dict:
+    """Loads a checkpoint (a ``step_N`` directory, or a root holding ``latest``) into the
+    runtime, whatever home layout and world it was saved under. Collective. Returns
+    ``{"step", "data_state", "extra"}``. Raises ``CheckpointError`` on every rank, with the
+    runtime unchanged, when any rank finds the checkpoint missing, corrupt, truncated or of
+    another model (naming the file and the tensor)."""
+    try:
+        return _load(runtime, path)
+    except (ValueError, _C.SwitchFault):
+        raise
+    except RuntimeError as e:
+        raise _as_fault(e, runtime.rank, f"loading checkpoint {path}") from e
+
+
+def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
+    """See ``save``."""
+    group, rank = runtime.control, runtime.rank
     if not isinstance(root, (str, os.PathLike)):
         raise ValueError(f"checkpoint directory must be a path, got {type(root).__name__}")
     root = os.fspath(root)
@@ -299,16 +333,12 @@ def _fill(reader: _Reader, entries: List[dict], lo, hi, out: torch.Tensor, what:
                               f"{need} elements in the manifest: missing tensor data")
 
 
-def load(runtime, path: str) -> dict:
-    """Loads a checkpoint (a ``step_N`` directory, or a root holding ``latest``) into the
-    runtime, whatever home layout and world it was saved under. Collective. Returns
-    ``{"step", "data_state", "extra"}``. Raises ``CheckpointError`` on every rank, with the
-    runtime unchanged, when any rank finds the checkpoint missing, corrupt, truncated or of
-    another model (naming the file and the tensor)."""
+def _load(runtime, path: str) -> dict:
+    """See ``load``."""
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"checkpoint path must be a path, got {type(path).__name__}")
     path = os.fspath(path)
-    group, rank = runtime.group, runtime.rank
+    group, rank = runtime.control, runtime.rank
     new_master, new_states, meta, message = None, None, None, ""
     try:
         if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import math
 import time
+from datetime import timedelta
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -182,6 +183,10 @@ class Runtime:
         self.planner = self._build_planner()
 
         # Collective from here on: the same order on every rank.
+        # The runtime's own small collectives (batch agreement, loss, checkpoints) give up
+        # after `timeout` too, whatever the timeout of the caller's group.
+        from hotswitch.model.groups import _global_ranks
+        self.control = dist.new_group(_global_ranks(group), timeout=timedelta(seconds=self.timeout))
         self.groups = {l.name: hs.ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
         self._models: Dict[str, "hs.ParallelTransformer"] = {}
         home_model = hs.ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed)
@@ -255,7 +260,7 @@ class Runtime:
             digest.update(torch.as_tensor(s, dtype=torch.int64).numpy().tobytes())
         mine = torch.tensor([int.from_bytes(digest.digest(), "little")], dtype=torch.int64)
         everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        dist.all_gather(everyone, mine, group=self.group)
+        dist.all_gather(everyone, mine, group=self.control)
         differ = [r for r, d in enumerate(everyone) if int(d) != int(mine)]
         if differ:
             raise ValueError(f"rank {self.rank}'s batch differs from the batch of ranks {differ}; every rank "
@@ -342,7 +347,7 @@ class Runtime:
             error, tensors = e, []
         # Every rank learns of any rank's refusal: nobody is left waiting in a collective.
         flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
-        dist.all_reduce(flag, group=self.group)
+        dist.all_reduce(flag, group=self.control)
         if error is not None:
             raise error
         if int(flag) != 0:
@@ -406,7 +411,7 @@ class Runtime:
             self._observations.append((layout, ph, compute_s))
         del current
         self._stage = "reducing the step's loss"
-        dist.all_reduce(loss_sum, group=self.group)
+        dist.all_reduce(loss_sum, group=self.control)
         loss = float(loss_sum) / targets
         if not math.isfinite(loss):
             if self.nonfinite == "raise":
@@ -428,7 +433,7 @@ class Runtime:
         self.step += 1
         seconds = time.perf_counter() - start
         measured = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.control)
         error = abs(plan["total_s"] - float(measured)) / float(measured)
         self.prediction_errors.append(error)
         _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%)",
@@ -472,6 +477,7 @@ class Runtime:
         Collective; it gathers the whole model on each rank, so it is meant for tests and small
         models (checkpoints never gather)."""
         everyone = hs.Layout(dp=self.world, tp=1, pp=1)
+        self._stage = "gathering the full weights"
         return self._switch(self._master_shards(), self.home, everyone, src_kind=self._home_kind).shards
 
     def save_checkpoint(self, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:

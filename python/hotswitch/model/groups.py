@@ -1,5 +1,6 @@
 """The torch.distributed process groups of a layout."""
 
+from datetime import timedelta
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -27,11 +28,13 @@ def _global_ranks(group) -> List[int]:
     return [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
 
 
-def _new_group(base, ranks: Tuple[int, ...], backend: str):
+def _new_group(base, ranks: Tuple[int, ...], backend: str, timeout: float):
     key = (base, ranks)
     pg = _process_groups.get(key)
     if pg is None:
-        pg = dist.new_group(list(ranks))
+        # Collectives of the group give up after `timeout` (a stalled peer raises, never hangs);
+        # a group shared by several layouts keeps the timeout it was made with.
+        pg = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout))
         if backend == "nccl" and dist.get_rank() in ranks:
             # NCCL sets its communicators up lazily on the first collective; point-to-point
             # batches on a fresh communicator need every member present, so do it here.
@@ -100,7 +103,7 @@ class ParallelGroups:
                 g = tuple(glob[r] for r in members)
                 if len(g) < 2:
                     continue
-                pg = _new_group(base, g, self.backend)
+                pg = _new_group(base, g, self.backend, self.timeout)
                 if rank in members:
                     mine, ranks = pg, list(g)
             return mine, ranks
