@@ -1,6 +1,5 @@
 """Rank functions of the model tests (module-level so that spawned ranks can import them)."""
 
-import numpy as np
 import torch
 
 import hotswitch as hs
