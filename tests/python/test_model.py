@@ -231,3 +231,10 @@ def test_cuda_nccl_training_matches_cpu_reference(references):
         for a, b in zip(losses, references[False][0]):
             assert abs(a - b) <= 1e-4 * abs(b)
         assert weight_diff <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["die", "stall"])
+def test_dead_pipeline_stage_raises_instead_of_hanging(mode):
+    outcome, seconds = run_world(2, w.dead_stage, 3.0, mode, allow_exit=(1,), timeout=120)[0]
+    assert outcome.startswith("RuntimeError"), outcome
+    assert seconds < 12, (seconds, outcome)
