@@ -23,6 +23,7 @@ WORLD4_RUNS = (
     [(name, False, False) for name in ("dp4", "tp4", "pp4", "dp2tp2", "dp2pp2", "tp2pp2")]
     + [(name, True, False) for name in ("pp4", "dp2pp2", "tp2pp2", "dp2tp2")]
     + [("dp4", False, True), ("dp2tp2", False, True), ("dp2pp2", True, True)]
+    + [("dp2tp2/dp-tp-cp-pp", False, False), ("tp2pp2/pp-tp-cp-dp", True, False)]  # other rank orders
 )
 WORLD8_RUNS = [("dp2tp2pp2", False, False), ("dp2tp2pp2", True, True)]
 
