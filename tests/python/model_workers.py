@@ -1,6 +1,5 @@
 """Rank functions of the model tests (module-level so that spawned ranks can import them)."""
 
-import numpy as np
 import torch
 
 import hotswitch as hs
@@ -139,3 +138,25 @@ def bad_input(rank, world):
         messages.append(str(e))
     torch.distributed.barrier()
     return messages, intact
+
+
+def dead_stage(rank, world, timeout, mode):
+    """The last stage dies (or stalls) before the step: the first stage must raise, within
+    the timeout."""
+    import os
+    import time
+
+    layout = hs.Layout.parse("pp2")
+    groups = hs.ParallelGroups(layout, timeout=timeout)
+    model = hs.ParallelTransformer(config(), layout, groups)
+    torch.distributed.barrier()
+    if rank == 1:
+        if mode == "stall":
+            time.sleep(4 * timeout)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        model.forward_backward(batches()[0], 1.0)
+        return "no error", time.monotonic() - start
+    except RuntimeError as e:
+        return f"RuntimeError: {e}", time.monotonic() - start

@@ -23,6 +23,7 @@ WORLD4_RUNS = (
     [(name, False, False) for name in ("dp4", "tp4", "pp4", "dp2tp2", "dp2pp2", "tp2pp2")]
     + [(name, True, False) for name in ("pp4", "dp2pp2", "tp2pp2", "dp2tp2")]
     + [("dp4", False, True), ("dp2tp2", False, True), ("dp2pp2", True, True)]
+    + [("dp2tp2/dp-tp-cp-pp", False, False), ("tp2pp2/pp-tp-cp-dp", True, False)]  # other rank orders
 )
 WORLD8_RUNS = [("dp2tp2pp2", False, False), ("dp2tp2pp2", True, True)]
 
@@ -231,3 +232,10 @@ def test_cuda_nccl_training_matches_cpu_reference(references):
         for a, b in zip(losses, references[False][0]):
             assert abs(a - b) <= 1e-4 * abs(b)
         assert weight_diff <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["die", "stall"])
+def test_dead_pipeline_stage_raises_instead_of_hanging(mode):
+    outcome, seconds = run_world(2, w.dead_stage, 3.0, mode, allow_exit=(1,), timeout=120)[0]
+    assert outcome.startswith("RuntimeError"), outcome
+    assert seconds < 12, (seconds, outcome)

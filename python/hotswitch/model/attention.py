@@ -7,7 +7,7 @@ does the blocks where the installed PyTorch has it (2.x); a plain softmax otherw
 """
 
 import math
-from typing import List, Tuple
+from typing import List
 
 import torch
 import torch.nn.functional as F

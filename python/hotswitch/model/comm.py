@@ -11,7 +11,7 @@ all-reduce followed by a slice, and the all-gather gathers a list.
 """
 
 from datetime import timedelta
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 import torch.distributed as dist

@@ -9,7 +9,7 @@ differ in length and may number fewer than the stages.
 """
 
 from collections import deque
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 

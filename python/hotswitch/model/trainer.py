@@ -8,7 +8,6 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 
 from hotswitch import _C
 from hotswitch.model.batch import MicroBatch, count_targets, split_replicas

@@ -1,7 +1,7 @@
 """The parallel decoder: this rank's stage of layers, holding only its local shards."""
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -183,7 +183,7 @@ class ParallelTransformer(nn.Module):
             t = shards[name]
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"shard {name!r} is a {type(t).__name__}, expected a tensor")
-            if tuple(t.shape) != shape or t.dtype != self.dtype or t.device.type != self.device.type:
+            if tuple(t.shape) != shape or t.dtype != self.dtype or t.device != self.device:
                 raise ValueError(f"rank {self.groups.rank}: shard {name!r} is {tuple(t.shape)} {t.dtype} on "
                                  f"{t.device}, expected the local shard shape {shape} {self.dtype} on "
                                  f"{self.device}")
