@@ -22,6 +22,9 @@ class MicroBatch:
     tokens: torch.Tensor
     cu_seqlens: torch.Tensor
 
+    def __post_init__(self):
+        self.check()
+
     @classmethod
     def from_sequences(cls, sequences: Sequence[Sequence[int]]) -> "MicroBatch":
         """Packs token-id sequences (lists or 1-D tensors, each non-empty) into one micro-batch."""
@@ -31,9 +34,7 @@ class MicroBatch:
         if seqs:
             cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
         tokens = torch.cat(seqs) if seqs else torch.zeros(0, dtype=torch.int64)
-        mb = cls(tokens, cu)
-        mb.check()
-        return mb
+        return cls(tokens, cu)
 
     def check(self, vocab_size: int = 0, max_positions: int = 0) -> None:
         """Raises ``ValueError`` unless this is a well-formed, non-empty pack (token ids in
