@@ -214,7 +214,8 @@ class ParallelTransformer(nn.Module):
                 for name, p in self.named_shards().items()}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drops all accumulated gradients."""
+        """Drops all accumulated gradients (always set to ``None``; the argument exists for
+        ``nn.Module`` compatibility)."""
         super().zero_grad(set_to_none=True)
         self._finished.clear()
         self._pending = False
