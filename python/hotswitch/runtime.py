@@ -403,7 +403,8 @@ class Runtime:
             grads, method, grad_bytes = self._grads_home(model, layout, ph)
             accumulator = grads if accumulator is None else self._add(accumulator, grads)
             grad_s = time.perf_counter() - t0
-            switch_total += switch_s + grad_s
+            # The home phase's own data-parallel reduction is part of running it, not a switch.
+            switch_total += switch_s + (grad_s if method != "local" else 0.0)
             switch_bytes += moved + grad_bytes
             tokens = sum(lengths[i] for i in ph["sequences"])
             phases.append(PhaseResult(layout.name, len(ph["sequences"]), tokens, len(mbs), ph["predicted_s"],

@@ -176,7 +176,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             config, candidates=candidates, home=home, hardware=hardware, memory_budget_bytes=budget,
             max_context=args.seq_length, zero=args.use_distributed_optimizer, seed=args.seed,
             timeout=args.timeout,
-            max_tokens_per_micro_batch=None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length,
             optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
                                                        betas=(args.adam_beta1, args.adam_beta2)))
     except ValueError as e:
