@@ -27,6 +27,7 @@ HardwareProfile unitHardware() {
   h.name = "unit";
   h.peakFlops = 1e6;
   h.efficiency = 1.0;
+  h.attentionEfficiency = 1.0;
   h.memoryBytes = 1 << 20;
   h.intraNodeBandwidth = 1e3;
   h.interNodeBandwidth = 1e2;
@@ -55,7 +56,10 @@ TEST(CostModelTest, FlopsByHand) {
   EXPECT_DOUBLE_EQ(cost.trainingFlops(s), 3 * forward);
   ModelConfig recompute = tiny();
   recompute.recompute = true;
-  EXPECT_DOUBLE_EQ(CostModel(recompute, unitHardware(), Topology(1, 1)).trainingFlops(s), 4 * forward);
+  // Recomputation reruns the layers' forward, not the head's.
+  const double head = 2.0 * 10 * 8 * s;
+  EXPECT_DOUBLE_EQ(CostModel(recompute, unitHardware(), Topology(1, 1)).trainingFlops(s),
+                   4 * (forward - head) + 3 * head);
   // Attention is quadratic: one sequence of 2s costs more than two of s.
   EXPECT_GT(cost.forwardFlops(2 * s), 2 * cost.forwardFlops(s));
 }
