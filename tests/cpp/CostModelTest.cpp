@@ -80,6 +80,59 @@ TEST(CostModelTest, SingleDevicePhaseIsComputeOverFlops) {
   EXPECT_TRUE(p.fits);
 }
 
+TEST(CostModelTest, TermsByHand) {
+  // tiny(): 2 layers, hidden 8, linear params 640 per layer, vocab 10, bf16.
+  HardwareProfile hw = unitHardware();
+  hw.attentionEfficiency = 0.5;  // attention at half the linear layers' rate
+  hw.intraNodeLatency = 1e-3;
+  hw.layerOverheadSeconds = 0.25;
+  hw.sequenceOverheadSeconds = 0.125;
+  CostModel cost(tiny(), hw, Topology(2, 2));
+  LayoutTerms one = cost.terms(Layout(2, 1, 1));
+  // Per token: 3 * (2 layers * 2 * 640) + 3 * (2 * 10 * 8) FLOPs at 1e6 FLOP/s.
+  EXPECT_DOUBLE_EQ(one.alphaCompute, (3 * 2 * 2 * 640 + 3 * 2 * 10 * 8) / 1e6);
+  // Per token^2: 3 * 2 layers * 2 * 8 FLOPs at 0.5e6 FLOP/s.
+  EXPECT_DOUBLE_EQ(one.beta, 3 * 2 * 2 * 8 / 0.5e6);
+  EXPECT_DOUBLE_EQ(one.gamma, 2 * 0.125);
+  EXPECT_DOUBLE_EQ(one.alphaTp, 0);
+  EXPECT_DOUBLE_EQ(one.microBatchSeconds, 2 * 0.25);
+  // dp2 all-reduce of (2 * 656 + 80) fp32 gradients: 2 steps of half the bytes at 1e3 B/s + latency.
+  EXPECT_DOUBLE_EQ(one.dpSeconds, 2 * ((2 * 656 + 80) * 4 / 2 / 1e3 + 1e-3));
+
+  LayoutTerms tp = cost.terms(Layout(1, 2, 1));
+  EXPECT_DOUBLE_EQ(tp.alphaCompute, one.alphaCompute / 2);
+  EXPECT_DOUBLE_EQ(tp.beta, one.beta / 2);
+  // 8 collectives per layer, each (tp - 1) / tp of the token's 8 * 2 bytes at 1e3 B/s.
+  EXPECT_DOUBLE_EQ(tp.alphaTp, 2 * 8 * 0.5 * 8 * 2 / 1e3);
+  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 8 * 1 * 1e-3);
+  EXPECT_DOUBLE_EQ(tp.microBatchSeconds, 2 * 0.25 + tp.microBatchTpSeconds);
+
+  LayoutTerms pp = cost.terms(Layout(1, 1, 2));
+  EXPECT_DOUBLE_EQ(pp.beta, one.beta / 2);  // one layer per stage
+  EXPECT_DOUBLE_EQ(pp.p2pPerToken, 8 * 2 / 1e3);
+  EXPECT_DOUBLE_EQ(pp.p2pLatency, 1e-3);
+  EXPECT_DOUBLE_EQ(pp.microBatchSeconds, 0.25);
+}
+
+TEST(CostModelTest, PhaseFromTermsByHand) {
+  HardwareProfile hw = unitHardware();
+  hw.layerOverheadSeconds = 0.25;
+  hw.intraNodeLatency = 1e-3;
+  CostModel cost(tiny(), hw, Topology(2, 2));
+  // pp2, micro-batches {5, 3} and {7}: sum of stage times plus one bubble of the largest
+  // (stage time plus its two transfers).
+  const Layout layout(1, 1, 2);
+  const LayoutTerms t = cost.terms(layout);
+  PhaseCost p = cost.phase(layout, {{{5, 3}, {7}}});
+  const double first = t.u(5) + t.u(3) + t.microBatchSeconds, second = t.u(7) + t.microBatchSeconds;
+  const double c1 = first + 2 * (8 * t.p2pPerToken + t.p2pLatency);
+  const double c2 = second + 2 * (7 * t.p2pPerToken + t.p2pLatency);
+  EXPECT_NEAR(p.runSeconds(), first + second + std::max(c1, c2), 1e-12);
+  EXPECT_NEAR(p.ppSeconds, c1 > c2 ? c1 - first : c2 - second, 1e-12);
+  EXPECT_NEAR(p.computeSeconds + p.tpSeconds + p.ppSeconds, p.runSeconds(), 1e-12);
+  EXPECT_EQ(p.dpSeconds, 0);
+}
+
 TEST(CostModelTest, CollectivesUseTheSlowLinkAcrossNodes) {
   CostModel cost(tiny(), unitHardware(), Topology(4, 2));
   // tp2 groups {0,1},{2,3} stay in a node; dp2 groups {0,2},{1,3} cross nodes.
