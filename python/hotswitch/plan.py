@@ -76,12 +76,18 @@ def auto_candidates(model: "_C.ModelConfig", world: int) -> List["_C.Layout"]:
     return out
 
 
-def _plan_seconds(plan, hardware) -> float:
-    stats = plan.stats
-    if stats["bytes_moved"] == 0:
-        return 0.0
-    bandwidth = hardware.inter_node_bandwidth if stats["inter_node_bytes"] else hardware.intra_node_bandwidth
-    return stats["max_send_bytes"] / bandwidth
+def _plan_seconds(plan, hardware, topology) -> float:
+    """The slowest rank of a plan's exchange: per rank, what it sends (and, separately, what
+    it receives) within its node over the intra-node bandwidth plus across nodes over the
+    inter-node bandwidth; links are full duplex."""
+    world, per_node = topology.world, topology.ranks_per_node
+    load = [[0.0, 0.0] for _ in range(world)]  # [send, recv] seconds
+    for src, dst, size, _ in plan.messages():
+        bandwidth = hardware.intra_node_bandwidth if src // per_node == dst // per_node \
+            else hardware.inter_node_bandwidth
+        load[src][0] += size / bandwidth
+        load[dst][1] += size / bandwidth
+    return max((max(r) for r in load), default=0.0)
 
 
 def switch_costs(model, hardware, topology, candidates, home, zero=True, method="auto",
@@ -93,9 +99,10 @@ def switch_costs(model, hardware, topology, candidates, home, zero=True, method=
     already reduced over candidate i's data group (ZeRO shards of it when ``zero``), into the
     home layout's accumulator (ZeRO shards when ``zero``); ``partial_grads[i]`` moves the
     unreduced summands there instead, summed on arrival. Both are 0 for the home layout.
-    ``method``: ``"plans"`` (largest per-rank send of the redistribution plan over the link it
-    crosses), ``"estimate"`` (slowest rank's receive volume, ``SwitchEstimate``; no plan is
-    built), or ``"auto"`` (plans up to ``PLANS_UP_TO_WORLD`` ranks).
+    ``method``: ``"plans"`` (the redistribution plan's slowest rank: its sends, or its receives,
+    over the links they cross), ``"estimate"`` (the slowest rank's receives alone,
+    ``SwitchEstimate``; no plan is built), or ``"auto"`` (plans up to ``PLANS_UP_TO_WORLD``
+    ranks).
     """
     if method not in ("auto", "plans", "estimate"):
         raise ValueError(f"switch cost method must be auto, plans or estimate, got {method!r}")
@@ -113,7 +120,7 @@ def switch_costs(model, hardware, topology, candidates, home, zero=True, method=
 
         def seconds(ts, a, ka, b, kb):
             return _plan_seconds(hs.plan_switch(ts, a, b, src_kind=ka, dst_kind=kb, topology=topology, cache=cache),
-                                 hardware)
+                                 hardware, topology)
     else:
         placements: Dict[tuple, "_C.Placement"] = {}
 

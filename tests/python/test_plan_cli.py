@@ -85,11 +85,11 @@ def test_switch_costs_from_plans_and_estimates_agree():
     pairs = [(plans[0][i][j], estimates[0][i][j]) for i in range(3) for j in range(3)]
     pairs += [(plans[k][i], estimates[k][i]) for k in (1, 2) for i in range(3)]
     for planned, estimated in pairs:
-        # The plan's largest send and the estimate's largest receive over the links they
-        # cross: both zero when nothing moves, otherwise of one size (sends are balanced).
+        # The plan's slowest rank (sends or receives) and the estimate's slowest receiver:
+        # equal when the receives bind, larger for the plan when a sender does.
         assert (planned == 0) == (estimated == 0)
-        if planned:
-            assert 0.5 <= estimated / planned <= 2.0, (planned, estimated)
+        assert planned >= estimated * (1 - 1e-12), (planned, estimated)
+        assert planned <= estimated * 2, (planned, estimated)
     assert plans[1][1] == plans[2][1] == 0  # the home layout's gradients stay in place
 
 
