@@ -28,6 +28,7 @@ CORE = [
     "csrc/planner/CostModel.cpp",
     "csrc/planner/Packer.cpp",
     "csrc/planner/Planner.cpp",
+    "csrc/planner/SwitchEstimate.cpp",
     "csrc/redistribute/SwitchExecutor.cpp",
     "csrc/transport/C10dTransport.cpp",
     "csrc/bindings/init.cpp",

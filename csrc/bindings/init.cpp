@@ -4,6 +4,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include <optional>
+
 #include "common/Check.h"
 #include "common/Logging.h"
 #include "layout/Layout.h"
@@ -12,6 +14,7 @@
 #include "layout/Topology.h"
 #include "planner/CostModel.h"
 #include "planner/Planner.h"
+#include "planner/SwitchEstimate.h"
 #include "redistribute/PlanCache.h"
 #include "redistribute/SwitchExecutor.h"
 #include "transport/C10dTransport.h"
@@ -315,41 +318,151 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("num_query_groups", &ModelConfig::numQueryGroups)
       .def_readonly("ffn_hidden_size", &ModelConfig::ffnHiddenSize)
       .def_readonly("vocab_size", &ModelConfig::vocabSize)
+      .def_readonly("param_bytes", &ModelConfig::paramBytes)
       .def_readonly("recompute", &ModelConfig::recompute)
+      .def_property_readonly("head_dim", &ModelConfig::headDim)
+      .def_property_readonly("layer_params", &ModelConfig::layerParams)
       .def_property_readonly("total_params", &ModelConfig::totalParams)
-      .def("validate", py::overload_cast<const Layout&>(&ModelConfig::validate, py::const_), py::arg("layout"));
+      .def("validate", py::overload_cast<const Layout&>(&ModelConfig::validate, py::const_), py::arg("layout"))
+      .def("__repr__", [](const ModelConfig& c) {
+        return str("ModelConfig(", c.name, ": ", c.numLayers, " layers, hidden ", c.hiddenSize, ", heads ",
+                   c.numAttentionHeads, "/", c.numQueryGroups, ", ffn ", c.ffnHiddenSize, ", vocab ", c.vocabSize, ")");
+      });
 
-  py::class_<HardwareProfile>(m, "HardwareProfile")
-      .def(py::init([](double peakFlops, double efficiency, int64_t memoryBytes, double intraBw,
-                       double interBw, double intraLat, double interLat, const std::string& name) {
-             HardwareProfile h{name, peakFlops, efficiency, memoryBytes, intraBw, interBw, intraLat, interLat};
-             h.validate();
-             return h;
-           }),
-           py::arg("peak_flops"), py::arg("efficiency"), py::arg("memory_bytes"),
-           py::arg("intra_node_bandwidth"), py::arg("inter_node_bandwidth"),
-           py::arg("intra_node_latency") = 5e-6, py::arg("inter_node_latency") = 10e-6,
-           py::arg("name") = "custom")
+  // Fields of HardwareProfile by their Python names; every setter validates before it stores.
+  using HwDouble = double HardwareProfile::*;
+  static const std::vector<std::pair<const char*, HwDouble>> hwDoubles = {
+      {"peak_flops", &HardwareProfile::peakFlops},
+      {"efficiency", &HardwareProfile::efficiency},
+      {"attention_efficiency", &HardwareProfile::attentionEfficiency},
+      {"intra_node_bandwidth", &HardwareProfile::intraNodeBandwidth},
+      {"inter_node_bandwidth", &HardwareProfile::interNodeBandwidth},
+      {"intra_node_latency", &HardwareProfile::intraNodeLatency},
+      {"inter_node_latency", &HardwareProfile::interNodeLatency},
+      {"layer_overhead_seconds", &HardwareProfile::layerOverheadSeconds},
+      {"sequence_overhead_seconds", &HardwareProfile::sequenceOverheadSeconds},
+  };
+  auto hw = py::class_<HardwareProfile>(m, "HardwareProfile");
+  hw.def(py::init([](double peakFlops, double efficiency, int64_t memoryBytes, double intraBw, double interBw,
+                     double intraLat, double interLat, const std::string& name, py::object attentionEfficiency,
+                     double layerOverhead, double sequenceOverhead) {
+           HardwareProfile h;
+           h.name = name;
+           h.peakFlops = peakFlops;
+           h.efficiency = efficiency;
+           h.attentionEfficiency = attentionEfficiency.is_none() ? efficiency : attentionEfficiency.cast<double>();
+           h.memoryBytes = memoryBytes;
+           h.intraNodeBandwidth = intraBw;
+           h.interNodeBandwidth = interBw;
+           h.intraNodeLatency = intraLat;
+           h.interNodeLatency = interLat;
+           h.layerOverheadSeconds = layerOverhead;
+           h.sequenceOverheadSeconds = sequenceOverhead;
+           h.validate();
+           return h;
+         }),
+         py::arg("peak_flops"), py::arg("efficiency"), py::arg("memory_bytes"), py::arg("intra_node_bandwidth"),
+         py::arg("inter_node_bandwidth"), py::arg("intra_node_latency") = 5e-6, py::arg("inter_node_latency") = 10e-6,
+         py::arg("name") = "custom", py::arg("attention_efficiency") = py::none(),
+         py::arg("layer_overhead_seconds") = 0.0, py::arg("sequence_overhead_seconds") = 0.0)
       .def_static("preset", &HardwareProfile::preset, py::arg("name"))
       .def_static("preset_names", &HardwareProfile::presetNames)
-      .def_readonly("name", &HardwareProfile::name)
-      .def_readonly("peak_flops", &HardwareProfile::peakFlops)
-      .def_readonly("efficiency", &HardwareProfile::efficiency)
-      .def_readonly("memory_bytes", &HardwareProfile::memoryBytes)
-      .def_readonly("intra_node_bandwidth", &HardwareProfile::intraNodeBandwidth)
-      .def_readonly("inter_node_bandwidth", &HardwareProfile::interNodeBandwidth);
+      .def_property("name", [](const HardwareProfile& h) { return h.name; },
+                    [](HardwareProfile& h, const std::string& v) { h.name = v; })
+      .def_property("memory_bytes", [](const HardwareProfile& h) { return h.memoryBytes; },
+                    [](HardwareProfile& h, int64_t v) {
+                      HardwareProfile c = h;
+                      c.memoryBytes = v;
+                      c.validate();
+                      h = c;
+                    }, "Per-rank memory budget in bytes (may be set below the device's memory).")
+      .def("to_dict", [](const HardwareProfile& h) {
+        py::dict d;
+        d["name"] = h.name;
+        d["memory_bytes"] = h.memoryBytes;
+        for (const auto& [key, field] : hwDoubles) d[key] = h.*field;
+        return d;
+      }, "The profile as a dict of plain numbers (the JSON form).")
+      .def_static("from_dict", [](const py::dict& d) {
+        HardwareProfile h;
+        std::vector<std::string> known{"name", "memory_bytes"};
+        for (const auto& [key, field] : hwDoubles) known.push_back(key);
+        for (const auto& item : d) {
+          const std::string key = py::str(item.first);
+          HS_CHECK(std::find(known.begin(), known.end(), key) != known.end(), "hardware profile field '", key,
+                   "' is not one of ", known);
+        }
+        for (const std::string& key : known) {
+          HS_CHECK(d.contains(key), "hardware profile lacks the field '", key, "'");
+        }
+        try {
+          h.name = d["name"].cast<std::string>();
+          h.memoryBytes = d["memory_bytes"].cast<int64_t>();
+          for (const auto& [key, field] : hwDoubles) h.*field = d[key].cast<double>();
+        } catch (const py::cast_error&) {
+          HS_CHECK(false, "hardware profile fields must be numbers (name a string), got ",
+                   static_cast<std::string>(py::repr(d)));
+        }
+        h.validate();
+        return h;
+      }, py::arg("fields"), "The inverse of to_dict; ValueError naming a missing, unknown or bad field.")
+      .def("__eq__", [](const HardwareProfile& a, const HardwareProfile& b) {
+        bool same = a.name == b.name && a.memoryBytes == b.memoryBytes;
+        for (const auto& [key, field] : hwDoubles) same = same && a.*field == b.*field;
+        return same;
+      })
+      .def("__repr__", [](const HardwareProfile& h) {
+        return str("HardwareProfile(", h.name, ": ", h.peakFlops / 1e12, " TFLOP/s x ", h.efficiency, " linear / ",
+                   h.attentionEfficiency, " attention, ", h.memoryBytes / double(1 << 30), " GiB, ",
+                   h.intraNodeBandwidth / 1e9, " / ", h.interNodeBandwidth / 1e9, " GB/s)");
+      });
+  for (const auto& [key, field] : hwDoubles) {
+    const HwDouble f = field;
+    const std::string name = key;
+    hw.def_property(key, [f](const HardwareProfile& h) { return h.*f; },
+                    [f](HardwareProfile& h, double v) {
+                      HardwareProfile c = h;
+                      c.*f = v;
+                      c.validate();
+                      h = c;
+                    });
+  }
 
   py::class_<CostModel>(m, "CostModel")
-      .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo,
-                       bool zero) {
+      .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero) {
              CostOptions o;
              o.zero = zero;
              return CostModel(model, hw, topo, o);
            }),
            py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false)
+      .def_property_readonly("model", &CostModel::model)
+      .def_property_readonly("hardware", &CostModel::hardware)
+      .def_property_readonly("topology", &CostModel::topology)
+      .def_property_readonly("zero", [](const CostModel& c) { return c.options().zero; })
       .def("forward_flops", &CostModel::forwardFlops, py::arg("seq_len"))
       .def("training_flops", &CostModel::trainingFlops, py::arg("seq_len"))
       .def("static_bytes", &CostModel::staticBytes, py::arg("layout"))
+      .def("gradient_bytes", &CostModel::gradientBytes, py::arg("layout"))
+      .def("collective_seconds", [](const CostModel& c, const Layout& layout, const std::string& axis, double bytes,
+                                    bool allReduce) {
+        return c.collectiveSeconds(layout, parseAxis(axis), bytes, allReduce);
+      }, py::arg("layout"), py::arg("axis"), py::arg("bytes"), py::arg("all_reduce") = false)
+      .def("terms", [](const CostModel& c, const Layout& layout) {
+        LayoutTerms t = c.terms(layout);
+        py::dict d;
+        d["alpha_compute"] = t.alphaCompute;
+        d["alpha_tp"] = t.alphaTp;
+        d["beta"] = t.beta;
+        d["gamma"] = t.gamma;
+        d["micro_batch_s"] = t.microBatchSeconds;
+        d["micro_batch_tp_s"] = t.microBatchTpSeconds;
+        d["p2p_per_token_s"] = t.p2pPerToken;
+        d["p2p_latency_s"] = t.p2pLatency;
+        d["dp_s"] = t.dpSeconds;
+        return d;
+      }, py::arg("layout"),
+         "The layout's time coefficients in seconds: a sequence of s tokens costs a stage "
+         "(alpha_compute + alpha_tp) * s + beta * s**2 + gamma; a micro-batch adds micro_batch_s.")
       .def("phase", [](const CostModel& c, const Layout& layout, const PhaseBatches& batches) {
         PhaseCost p = c.phase(layout, batches);
         py::dict d;
@@ -367,42 +480,139 @@ PYBIND11_MODULE(_C, m) {
          "Predicted time (seconds) and peak memory (bytes) per rank of one phase; batches[replica]"
          "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
 
+  py::class_<SwitchEstimate>(m, "SwitchEstimate")
+      .def_static("of", [](const TensorSet& set, const Placement& from, const Placement& to, const Topology& topology) {
+        py::gil_scoped_release release;
+        return SwitchEstimate::of(set, from, to, topology);
+      }, py::arg("tensor_set"), py::arg("src"), py::arg("dst"), py::arg("topology"),
+         "Receive bytes per rank of a switch between two placements (hotswitch.Placement), without a plan.")
+      .def_readonly("recv_intra_node_bytes", &SwitchEstimate::recvIntraNodeBytes)
+      .def_readonly("recv_inter_node_bytes", &SwitchEstimate::recvInterNodeBytes)
+      .def_readonly("total_bytes", &SwitchEstimate::totalBytes)
+      .def("seconds", &SwitchEstimate::seconds, py::arg("intra_node_bandwidth"), py::arg("inter_node_bandwidth"));
+
+  auto candidateDict = [](const Planner& p, int i) {
+    HS_CHECK(i >= 0 && i < static_cast<int>(p.candidates().size()), "candidate ", i, " outside [0, ",
+             p.candidates().size(), ")");
+    const CandidateModel& c = p.candidateModel(i);
+    py::dict d;
+    d["layout"] = p.candidates()[i];
+    d["dp"] = c.dp;
+    d["pp"] = c.pp;
+    d["budget"] = c.budget;
+    d["alpha"] = c.terms.alpha();
+    d["beta"] = c.terms.beta;
+    d["gamma"] = c.terms.gamma;
+    d["p2p_per_token_s"] = c.terms.p2pPerToken;
+    d["p2p_latency_s"] = c.terms.p2pLatency;
+    d["micro_batch_s"] = c.terms.microBatchSeconds;
+    d["target_s"] = c.target;
+    d["grad_s"] = c.gradSeconds;
+    d["grad_method"] = gradMethodName(c.gradMethod);
+    d["reduce_s"] = c.reduceSeconds;
+    return d;
+  };
+
   py::class_<Planner>(m, "Planner")
       .def(py::init([](const CostModel& cost, std::vector<Layout> candidates, int home,
                        std::vector<std::vector<double>> switchSeconds, std::vector<double> gradSeconds,
-                       int boundaryCandidates) {
+                       std::optional<std::vector<double>> gradPartialSeconds, int boundaryCandidates,
+                       int64_t maxContext, const std::string& longSequences, bool pruneDominated,
+                       double microBatchOverheadShare, bool exactFallback) {
              PlannerOptions o;
              o.boundaryCandidates = boundaryCandidates;
-             return Planner(cost, std::move(candidates), home, std::move(switchSeconds),
-                            std::move(gradSeconds), o);
+             o.maxContext = maxContext;
+             o.longSequences = parseLongSequences(longSequences);
+             o.pruneDominated = pruneDominated;
+             o.microBatchOverheadShare = microBatchOverheadShare;
+             o.exactFallback = exactFallback;
+             SwitchCosts sw{std::move(switchSeconds), std::move(gradSeconds),
+                            gradPartialSeconds.value_or(std::vector<double>{})};
+             py::gil_scoped_release release;
+             return Planner(cost, std::move(candidates), home, std::move(sw), o);
            }),
            py::arg("cost"), py::arg("candidates"), py::arg("home"), py::arg("switch_seconds"),
-           py::arg("grad_seconds"), py::arg("boundary_candidates") = 32)
+           py::arg("grad_seconds"), py::arg("grad_partial_seconds") = py::none(),
+           py::arg("boundary_candidates") = 128, py::arg("max_context") = 0, py::arg("long_sequences") = "reject",
+           py::arg("prune_dominated") = true, py::arg("micro_batch_overhead_share") = 0.1,
+           py::arg("exact_fallback") = true)
+      .def_property_readonly("candidates", &Planner::candidates)
+      .def_property_readonly("home", &Planner::home)
+      .def_property_readonly("cost", &Planner::costModel)
+      .def_property_readonly("switch_seconds", [](const Planner& p) { return p.switchCosts().params; })
+      .def_property_readonly("max_context", [](const Planner& p) { return p.options().maxContext; })
+      .def_property_readonly("long_sequences", [](const Planner& p) {
+        return std::string(longSequencesName(p.options().longSequences));
+      })
       .def("micro_batch_budget", &Planner::microBatchBudget, py::arg("candidate"))
+      .def("candidate_model", candidateDict, py::arg("candidate"),
+           "The objective's view of one candidate: dp, pp, budget (tokens), u(s) = alpha * s + "
+           "beta * s**2 + gamma seconds, the micro-batch and p2p terms, tau (target_s), and g.")
+      .def("pieces", [](const Planner& p, const std::vector<int64_t>& lengths) {
+        py::list out;
+        for (const SequencePiece& q : p.pieces(lengths)) out.append(py::make_tuple(q.sequence, q.offset, q.length));
+        return out;
+      }, py::arg("lengths"), "(sequence, offset, length) of every piece the plan cuts the lengths into.")
+      .def("objective", [](const Planner& p, const std::vector<int64_t>& pieceLengths,
+                           const std::vector<int>& assignment) {
+        ObjectiveValue v = p.objective(pieceLengths, assignment);
+        py::dict d;
+        d["total_s"] = v.totalSeconds;
+        d["switch_s"] = v.switchSeconds;
+        d["phase_s"] = v.phaseSeconds;
+        d["order"] = v.order;
+        return d;
+      }, py::arg("piece_lengths"), py::arg("assignment"),
+         "The planner's objective J (seconds) of an arbitrary assignment of pieces to candidates.")
       .def("plan", [](const Planner& p, const std::vector<int64_t>& lengths) {
         StepPlan plan;
         {
           py::gil_scoped_release release;
           plan = p.plan(lengths);
         }
+        std::vector<int64_t> pieceLengths;
+        for (const SequencePiece& q : plan.pieces) pieceLengths.push_back(q.length);
         py::list phases;
         for (const PlannedPhase& ph : plan.phases) {
           py::dict d;
           d["layout"] = ph.layout;
+          d["candidate"] = ph.candidate;
           d["sequences"] = ph.sequences;
           d["micro_batches"] = ph.packing.microBatches;
-          d["predicted_s"] = ph.cost.totalSeconds;
+          py::list cu;
+          for (const auto& replica : ph.packing.microBatches) {
+            py::list r;
+            for (const auto& mb : replica) r.append(Packer::cuSeqlens(pieceLengths, mb));
+            cu.append(r);
+          }
+          d["cu_seqlens"] = cu;
+          d["predicted_s"] = ph.cost.runSeconds();
+          d["estimate_s"] = ph.estimateSeconds;
+          d["compute_s"] = ph.cost.computeSeconds;
+          d["tp_s"] = ph.cost.tpSeconds;
+          d["pp_s"] = ph.cost.ppSeconds;
           d["peak_bytes"] = ph.cost.peakBytes;
           d["switch_in_s"] = ph.switchInSeconds;
+          d["switch_out_s"] = ph.switchOutSeconds;
           d["grad_s"] = ph.gradSeconds;
+          d["grad_method"] = gradMethodName(ph.gradMethod);
           phases.append(d);
         }
+        py::list pieces;
+        for (const SequencePiece& q : plan.pieces) pieces.append(py::make_tuple(q.sequence, q.offset, q.length));
         py::dict out;
+        out["pieces"] = pieces;
         out["phases"] = phases;
         out["switch_back_s"] = plan.switchBackSeconds;
         out["total_s"] = plan.totalSeconds;
+        out["objective_s"] = plan.objectiveSeconds;
+        out["program_s"] = plan.programSeconds;
+        out["candidates_used"] = plan.candidatesUsed;
+        out["single_phase_fallback"] = plan.singlePhaseFallback;
         out["best_static"] = plan.bestStaticLayout;
         out["best_static_s"] = plan.bestStaticSeconds;
+        out["best_static_objective_s"] = plan.bestStaticObjectiveSeconds;
         return out;
-      }, py::arg("lengths"), "Plans one step: phases in run order (indices into lengths), predicted seconds.");
+      }, py::arg("lengths"),
+         "Plans one step; see hotswitch.Planner for the keys. Indices refer to the plan's pieces.");
 }

@@ -24,7 +24,9 @@ double CostModel::forwardFlops(int64_t s) const {
 }
 
 double CostModel::trainingFlops(int64_t s) const {
-  return forwardFlops(s) * (model_.recompute ? 4.0 : 3.0);
+  // Recomputation reruns the layers' forward, not the head's.
+  const double head = 2.0 * model_.vocabSize * static_cast<double>(model_.hiddenSize) * s;
+  return (forwardFlops(s) - head) * (model_.recompute ? 4.0 : 3.0) + 3.0 * head;
 }
 
 int64_t CostModel::staticBytes(const Layout& layout) const {
@@ -44,6 +46,11 @@ int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout) const {
   const int64_t scale = model_.paramBytes;  // the 34 h counts bytes at 16 bits: 2 per element
   const int64_t perToken = (model_.recompute ? 2 : 34) * model_.hiddenSize * scale / 2;
   return (perToken + layout.tp() - 1) / layout.tp();
+}
+
+double CostModel::gradientBytes(const Layout& layout) const {
+  return static_cast<double>(model_.numLayers / layout.pp() * model_.layerParams() + model_.embeddingParams()) /
+         layout.tp() * options_.gradBytes;
 }
 
 bool CostModel::spansNodes(const Layout& layout, Axis axis) const {
@@ -66,11 +73,45 @@ double CostModel::collectiveSeconds(const Layout& layout, Axis axis, double byte
   return steps * (bytes / n / bw + lat);
 }
 
-PhaseCost CostModel::phase(const Layout& layout, const PhaseBatches& batches) const {
+LayoutTerms CostModel::terms(const Layout& layout) const {
   layout.validate(topology_.world());
   model_.validate(layout);
   HS_CHECK(layout.cp() == 1, "layout ", layout.name(), " has cp(", layout.cp(),
            "); the cost model covers cp == 1 only");
+  const int pp = layout.pp(), tp = layout.tp();
+  const double h = static_cast<double>(model_.hiddenSize);
+  const double layers = static_cast<double>(model_.numLayers / pp);  // per stage
+  const double factor = model_.recompute ? 4.0 : 3.0;
+  const double linear = static_cast<double>(model_.layerParams() - 2 * model_.hiddenSize);
+  const double head = 2.0 * static_cast<double>(model_.vocabSize) * h;
+
+  LayoutTerms t;
+  t.alphaCompute = (factor * layers * 2.0 * linear + 3.0 * head) / tp / hardware_.achievedFlops();
+  t.beta = factor * layers * 2.0 * h / tp / hardware_.achievedAttentionFlops();
+  t.gamma = layers * hardware_.sequenceOverheadSeconds;
+  if (tp > 1) {
+    const int collectives = model_.recompute ? 12 : 8;  // per layer per micro-batch
+    const bool inter = spansNodes(layout, Axis::kTp);
+    const double bw = inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth;
+    const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+    t.alphaTp = layers * collectives * (tp - 1.0) / tp * h * model_.paramBytes / bw;
+    t.microBatchTpSeconds = layers * collectives * (tp - 1.0) * lat;
+  }
+  t.microBatchSeconds = layers * hardware_.layerOverheadSeconds + t.microBatchTpSeconds;
+  if (pp > 1) {
+    const bool inter = spansNodes(layout, Axis::kPp);
+    t.p2pPerToken = h * model_.paramBytes / tp / (inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth);
+    t.p2pLatency = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+  }
+  t.dpSeconds = collectiveSeconds(layout, Axis::kDp, gradientBytes(layout), !options_.zero);
+  return t;
+}
+
+PhaseCost CostModel::phase(const Layout& layout, const PhaseBatches& batches) const {
+  return phase(layout, terms(layout), batches);
+}
+
+PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const PhaseBatches& batches) const {
   HS_CHECK(static_cast<int>(batches.size()) == layout.dp(), "phase under ", layout.name(), " got ",
            batches.size(), " replicas of micro-batches, expected dp(", layout.dp(), ")");
   for (const auto& replica : batches) {
@@ -78,53 +119,45 @@ PhaseCost CostModel::phase(const Layout& layout, const PhaseBatches& batches) co
       for (int64_t s : micro) HS_CHECK(s >= 1, "sequence length must be >= 1, got ", s);
     }
   }
-
   const int pp = layout.pp(), tp = layout.tp();
-  const double flops = hardware_.achievedFlops();
-  const double h = static_cast<double>(model_.hiddenSize);
-  const double layersPerStage = static_cast<double>(model_.numLayers) / pp;
-  const int tpPerLayer = model_.recompute ? 12 : 8;  // collectives per layer per micro-batch
-  const bool ppInter = spansNodes(layout, Axis::kPp);
-  const double ppBw = ppInter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth;
-  const double ppLat = ppInter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
   const int64_t perTokenLayer = activationBytesPerTokenLayer(layout);
 
   PhaseCost cost;
   int64_t worstActivations = 0;
-  double worstReplica = -1;
+  double worstReplica = 0;
+  std::vector<int64_t> tokens;
   for (const auto& replica : batches) {
-    double sumStage = 0, maxStage = 0, compute = 0, tpComm = 0, p2pMax = 0;
-    std::vector<int64_t> tokens;
+    double sumStage = 0, compute = 0, tpComm = 0, worstBubble = -1, bubbleStage = 0, bubbleP2p = 0;
+    tokens.clear();
     for (const auto& micro : replica) {
-      double layerFlops = 0, headFlops = 0;
-      int64_t n = 0;
+      double n = 0, squares = 0;
       for (int64_t s : micro) {
-        double all = trainingFlops(s);
-        double head = 2.0 * model_.vocabSize * h * s * 3.0;
-        layerFlops += all - head;
-        headFlops += head;
-        n += s;
+        n += static_cast<double>(s);
+        squares += static_cast<double>(s) * static_cast<double>(s);
       }
-      tokens.push_back(n);
-      const double actBytes = static_cast<double>(n) * h * model_.paramBytes;
-      const double stageCompute = (layerFlops / pp + headFlops) / tp / flops;
-      const double stageTp = layersPerStage * tpPerLayer * collectiveSeconds(layout, Axis::kTp, actBytes, false);
+      tokens.push_back(static_cast<int64_t>(n));
+      const double count = static_cast<double>(micro.size());
+      const double stageCompute = t.alphaCompute * n + t.beta * squares + t.gamma * count +
+                                  (t.microBatchSeconds - t.microBatchTpSeconds);
+      const double stageTp = t.alphaTp * n + t.microBatchTpSeconds;
       const double stage = stageCompute + stageTp;
+      const double p2p = pp > 1 ? 2.0 * (t.p2pPerToken * n + t.p2pLatency) : 0.0;
       sumStage += stage;
-      maxStage = std::max(maxStage, stage);
       compute += stageCompute;
       tpComm += stageTp;
-      p2pMax = std::max(p2pMax, pp > 1 ? actBytes / tp / ppBw + ppLat : 0.0);
+      if (stage + p2p > worstBubble) {
+        worstBubble = stage + p2p;
+        bubbleStage = stage;
+        bubbleP2p = p2p;
+      }
     }
-    const double bubble = (pp - 1) * maxStage;
-    const double p2p = 2.0 * (pp - 1) * p2pMax;
-    const double total = sumStage + bubble + p2p;
+    const double total = replica.empty() ? 0.0 : sumStage + (pp - 1) * (bubbleStage + bubbleP2p);
     if (total > worstReplica) {
       worstReplica = total;
-      const double bubbleShare = sumStage > 0 ? (sumStage + bubble) / sumStage : 1.0;
+      const double bubbleShare = sumStage > 0 ? (sumStage + (pp - 1) * bubbleStage) / sumStage : 1.0;
       cost.computeSeconds = compute * bubbleShare;
       cost.tpSeconds = tpComm * bubbleShare;
-      cost.ppSeconds = p2p;
+      cost.ppSeconds = (pp - 1) * bubbleP2p;
     }
     // Activation peak: the first stage keeps up to pp micro-batches in flight.
     std::sort(tokens.rbegin(), tokens.rend());
@@ -138,12 +171,8 @@ PhaseCost CostModel::phase(const Layout& layout, const PhaseBatches& batches) co
     if (!tokens.empty()) acts += tokens.front() * ((model_.vocabSize + tp - 1) / tp) * 4 * 2;  // logits
     worstActivations = std::max(worstActivations, acts);
   }
-  // The gradients of the rank's shard: its stage's layers and, on an end stage, the embedding.
-  const double gradBytes =
-      static_cast<double>(model_.numLayers / pp * model_.layerParams() + model_.embeddingParams()) / tp *
-      options_.gradBytes;
-  cost.dpSeconds = collectiveSeconds(layout, Axis::kDp, gradBytes, !options_.zero);
-  cost.totalSeconds = std::max(worstReplica, 0.0) + cost.dpSeconds;
+  cost.dpSeconds = t.dpSeconds;
+  cost.totalSeconds = worstReplica + cost.dpSeconds;
   cost.staticBytes = staticBytes(layout);
   cost.activationBytes = worstActivations;
   cost.peakBytes = cost.staticBytes + cost.activationBytes;

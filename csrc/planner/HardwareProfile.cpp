@@ -29,6 +29,7 @@ HardwareProfile HardwareProfile::preset(const std::string& name) {
       h.memoryBytes = p.memoryGiB << 30;
       h.intraNodeBandwidth = p.nvlinkTotal / 2;
       h.interNodeBandwidth = p.nicBits / 8;
+      h.layerOverheadSeconds = 100e-6;
       return h;
     }
   }
@@ -47,11 +48,15 @@ std::vector<std::string> HardwareProfile::presetNames() {
 void HardwareProfile::validate() const {
   HS_CHECK(peakFlops > 0, "peak_flops must be > 0, got ", peakFlops);
   HS_CHECK(efficiency > 0 && efficiency <= 1, "efficiency must be in (0, 1], got ", efficiency);
+  HS_CHECK(attentionEfficiency > 0 && attentionEfficiency <= 1, "attention_efficiency must be in (0, 1], got ",
+           attentionEfficiency);
   HS_CHECK(memoryBytes > 0, "memory_bytes must be > 0, got ", memoryBytes);
   HS_CHECK(intraNodeBandwidth > 0, "intra_node_bandwidth must be > 0, got ", intraNodeBandwidth);
   HS_CHECK(interNodeBandwidth > 0, "inter_node_bandwidth must be > 0, got ", interNodeBandwidth);
   HS_CHECK(intraNodeLatency >= 0, "intra_node_latency must be >= 0, got ", intraNodeLatency);
   HS_CHECK(interNodeLatency >= 0, "inter_node_latency must be >= 0, got ", interNodeLatency);
+  HS_CHECK(layerOverheadSeconds >= 0, "layer_overhead_seconds must be >= 0, got ", layerOverheadSeconds);
+  HS_CHECK(sequenceOverheadSeconds >= 0, "sequence_overhead_seconds must be >= 0, got ", sequenceOverheadSeconds);
 }
 
 }  // namespace hotswitch

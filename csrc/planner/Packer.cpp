@@ -1,7 +1,10 @@
 #include "planner/Packer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <set>
+#include <utility>
 
 #include "common/Check.h"
 
@@ -23,6 +26,7 @@ std::vector<std::vector<std::vector<int64_t>>> Packing::lengths(const std::vecto
   for (size_t r = 0; r < microBatches.size(); ++r) {
     for (const auto& mb : microBatches[r]) {
       std::vector<int64_t> l;
+      l.reserve(mb.size());
       for (int i : mb) l.push_back(all.at(i));
       out[r].push_back(std::move(l));
     }
@@ -36,6 +40,8 @@ Packing Packer::pack(const std::vector<int64_t>& lengths, int replicas, const Pa
   HS_CHECK(options.maxTokensPerMicroBatch >= 1, "max_tokens_per_micro_batch must be >= 1, got ",
            options.maxTokensPerMicroBatch);
   HS_CHECK(options.minMicroBatches >= 1, "min_micro_batches must be >= 1, got ", options.minMicroBatches);
+  HS_CHECK(options.targetMicroBatchCost >= 0, "target_micro_batch_cost must be >= 0, got ",
+           options.targetMicroBatchCost);
   std::vector<double> costs(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) {
     HS_CHECK(lengths[i] >= 1, "sequence ", i, " has length ", lengths[i], ", expected >= 1");
@@ -45,16 +51,22 @@ Packing Packer::pack(const std::vector<int64_t>& lengths, int replicas, const Pa
   }
   std::vector<int> all(lengths.size());
   std::iota(all.begin(), all.end(), 0);
+  const std::vector<int> sorted = byCost(all, costs);
 
   Packing out;
   out.microBatches.resize(replicas);
   out.replicaCost.assign(replicas, 0.0);
   std::vector<std::vector<int>> perReplica(replicas);
-  for (int i : byCost(all, costs)) {
-    int r = static_cast<int>(std::min_element(out.replicaCost.begin(), out.replicaCost.end()) -
-                             out.replicaCost.begin());
-    perReplica[r].push_back(i);
-    out.replicaCost[r] += costs[i];
+  {
+    std::set<std::pair<double, int>> load;  // (cost so far, replica): the least loaded first
+    for (int r = 0; r < replicas; ++r) load.insert({0.0, r});
+    for (int i : sorted) {
+      auto [c, r] = *load.begin();
+      load.erase(load.begin());
+      perReplica[r].push_back(i);  // already in decreasing cost order
+      out.replicaCost[r] = c + costs[i];
+      load.insert({out.replicaCost[r], r});
+    }
   }
 
   for (int r = 0; r < replicas; ++r) {
@@ -62,27 +74,32 @@ Packing Packer::pack(const std::vector<int64_t>& lengths, int replicas, const Pa
     if (items.empty()) continue;
     int64_t tokens = 0;
     for (int i : items) tokens += lengths[i];
-    int64_t slots = (tokens + options.maxTokensPerMicroBatch - 1) / options.maxTokensPerMicroBatch;
-    slots = std::max<int64_t>(slots, options.minMicroBatches);
-    slots = std::min<int64_t>(slots, static_cast<int64_t>(items.size()));
-    std::vector<std::vector<int>> mbs(slots);
-    std::vector<double> mbCost(slots, 0.0);
-    std::vector<int64_t> mbTokens(slots, 0);
-    for (int i : byCost(items, costs)) {
-      int best = -1;
-      for (size_t k = 0; k < mbs.size(); ++k) {
-        if (mbTokens[k] + lengths[i] > options.maxTokensPerMicroBatch) continue;
-        if (best < 0 || mbCost[k] < mbCost[best]) best = static_cast<int>(k);
-      }
-      if (best < 0) {
+    double slots = std::ceil(static_cast<double>(tokens) / options.maxTokensPerMicroBatch);
+    if (options.targetMicroBatchCost > 0) slots = std::max(slots, std::ceil(out.replicaCost[r] / options.targetMicroBatchCost));
+    slots = std::max(slots, static_cast<double>(options.minMicroBatches));
+    slots = std::min(slots, static_cast<double>(items.size()));
+    std::vector<std::vector<int>> mbs(static_cast<size_t>(slots));
+    std::vector<double> mbCost(mbs.size(), 0.0);
+    std::vector<int64_t> mbTokens(mbs.size(), 0);
+    std::set<std::pair<double, int>> open;  // (cost so far, slot)
+    for (size_t k = 0; k < mbs.size(); ++k) open.insert({0.0, static_cast<int>(k)});
+    for (int i : items) {
+      auto it = open.begin();
+      while (it != open.end() && mbTokens[it->second] + lengths[i] > options.maxTokensPerMicroBatch) ++it;
+      int best;
+      if (it == open.end()) {
+        best = static_cast<int>(mbs.size());
         mbs.emplace_back();
         mbCost.push_back(0);
         mbTokens.push_back(0);
-        best = static_cast<int>(mbs.size()) - 1;
+      } else {
+        best = it->second;
+        open.erase(it);
       }
       mbs[best].push_back(i);
       mbCost[best] += costs[i];
       mbTokens[best] += lengths[i];
+      if (mbTokens[best] < options.maxTokensPerMicroBatch) open.insert({mbCost[best], best});
     }
     for (auto& mb : mbs) {
       if (!mb.empty()) out.microBatches[r].push_back(std::move(mb));

@@ -6,9 +6,10 @@
 //
 // Replicas: longest-predicted-time first, each sequence to the replica with the least
 // predicted time so far (LPT), so the slowest replica exceeds the mean by at most one
-// sequence. Micro-batches of a replica: max(ceil(tokens / budget), minMicroBatches, capped
-// at the sequence count) slots, filled the same way among the slots with room; a sequence
-// that fits no open slot opens a new one. Deterministic: ties go to the lower index.
+// sequence. Micro-batches of a replica: max(ceil(tokens / budget), ceil(cost / target),
+// minMicroBatches) slots, capped at the sequence count, filled the same way among the slots
+// with room; a sequence that fits no open slot opens a new one. Deterministic: ties go to the
+// lower index.
 
 #include <cstdint>
 #include <functional>
@@ -19,6 +20,9 @@ namespace hotswitch {
 struct PackOptions {
   int64_t maxTokensPerMicroBatch = 4096;
   int minMicroBatches = 1;  // e.g. the pipeline depth, to fill the 1F1B schedule
+  // > 0: micro-batches of about this predicted cost each (a pipeline's bubble grows with its
+  // largest micro-batch); 0: as few micro-batches as the token budget allows.
+  double targetMicroBatchCost = 0;
 };
 
 struct Packing {
@@ -34,8 +38,8 @@ class Packer {
  public:
   using CostFn = std::function<double(int64_t)>;
 
-  // Throws InvalidArgument for replicas < 1, a budget < 1, a length < 1, or a sequence
-  // longer than the budget (naming its index and length).
+  // Throws InvalidArgument for replicas < 1, a budget < 1, a negative target, a length < 1,
+  // or a sequence longer than the budget (naming its index and length).
   static Packing pack(const std::vector<int64_t>& lengths, int replicas, const PackOptions& options,
                       const CostFn& cost);
 

@@ -4,16 +4,69 @@
 // which micro-batches, so that the step's predicted time — phases plus every switch — is
 // smallest and no rank runs out of memory.
 //
-// Sequences are sorted by length and cut into contiguous buckets at candidate boundaries
-// (every distinct length for small batches, otherwise `boundaryCandidates` length quantiles).
-// A dynamic program over (boundary, layout of the last bucket) finds the exact optimum over
-// those cuts: a bucket may only use a layout whose micro-batch budget holds its longest
-// sequence; its time is the cost model's prediction for the packing the Packer makes; a
-// switch costs the caller's switchSeconds[from][to] (parameters) and gradSeconds[layout]
-// (moving its gradients home). The step starts and ends in the home layout, and phases run
-// from the shortest bucket to the longest.
+// The objective. An assignment puts every sequence (piece, see below) on one candidate
+// layout that holds it (its length is at most the layout's micro-batch budget B_l). The
+// sequences of one layout form one phase. The assignment's predicted step time is
+//
+//   J = sum over used layouts l of (E_l(S_l) + g_l)  +  C(used layouts other than home)
+//
+// E_l(S), the phase estimate of the sequence set S under layout l (dp, pp, terms u, v, o of
+// CostModel.h), from the set's aggregates W = sum u(s), U = max u(s), V = max v(s),
+// M = sum m(s):
+//
+//   E_l(S) = max(W / dp, U)                                 the slowest replica's work
+//          + o * max(1, M / dp)                             fixed cost per micro-batch
+//          + (pp - 1) * (max(V, min(W / dp, tau)) + o + 2 * p2p latency)   the 1F1B bubble
+//
+// It reads the packing policy of the Packer: with pp == 1, micro-batches are filled to the
+// token budget, so a replica runs about its tokens / B micro-batches (m(s) = s / B); with
+// pp > 1, micro-batches of about tau seconds, the smallest that keep the fixed cost o at most
+// `microBatchOverheadShare` of their time (tau = min(alpha * B, o / share); tau = 0 when o is
+// 0: one sequence per micro-batch), so m(s) = min(1, u(s) / tau) and the largest micro-batch
+// takes max(V, min(W / dp, tau)). max(W / dp, U) is the least time in which any split of the
+// work over dp replicas can finish. LPT packing (what the Packer does) comes close to it when
+// a phase has many sequences per replica, the case of most phases of a long-tailed batch;
+// with a few sequences per replica it can exceed it by up to one sequence's time. (The list-
+// scheduling bound W / dp + (1 - 1 / dp) * U, tried instead, overcharged the phases of many
+// short sequences and gave slower plans in simulation.) Reported phase times come from the
+// exact packing.
+//
+// g_l, the phase's gradients into the home accumulator: for the home layout its own
+// reduction over the data group (in place); otherwise the cheaper of reducing over l's data
+// group and switching the reduced gradients home, and switching the unreduced summands home
+// (summed during the switch). C, the parameter switches: the cheapest cycle home -> each used
+// non-home layout once -> home (exact over orders for up to kMaxOrderedLayouts layouts). The
+// home phase, when used, runs first (first or last cost the same).
+//
+// The dynamic program. Sequences sorted by length are cut into contiguous buckets at
+// candidate positions: all n + 1 when n <= boundaryCandidates, otherwise quantiles by count
+// and by attention work (sum s^2), plus every position where a layout's budget stops holding
+// the sequences. Over (cut, layout of the last bucket) it finds the exact minimum of
+//
+//   J_DP = sum over buckets b of (E_l(b)(S_b) + g_l(b)) + sum of params[l(b-1)][l(b)],
+//
+// buckets in increasing length, starting from and ending in the home layout, over those
+// cuts, in O(cuts^2 * layouts) constant-time bucket estimates (prefix sums of tokens,
+// squares and counts). Before it runs, layouts dominated for this step are dropped: l is
+// dominated by l' when l' holds every length l holds up to the step's longest, costs no more
+// for every length of the step (per replica and per sequence, bubble and fixed cost
+// included), moves its gradients home no slower, and no switch into or out of l' costs more
+// than into or out of l; replacing l by l' in any bucketing never raises J_DP, so the
+// program's optimum is unchanged. The plan then merges buckets of one layout into one phase
+// and orders the phases by the cheapest cycle; neither raises J (E is subadditive, g is paid
+// once, and the length order is one of the orders C minimises over), so J(plan) <= J_DP.
+// Every phase is then packed exactly (Packer) and timed by the cost model (CostModel::phase).
+// Last, by those exact times, the plan is compared with running the whole step as one phase
+// under the home layout or under the best static layout, and the faster is returned
+// (singlePhaseFallback; off with exactFallback = false): the estimate decides the buckets,
+// never at a predicted loss against the layouts a user would otherwise run.
+//
+// Sequences longer than `maxContext` (when set) are rejected, truncated to it, or split into
+// pieces of at most maxContext tokens (`longSequences`); the plan lists its pieces and all
+// indices refer to them. Deterministic: equal inputs give equal plans.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "planner/CostModel.h"
@@ -21,58 +74,147 @@
 
 namespace hotswitch {
 
+enum class LongSequences { kReject = 0, kTruncate, kSplit };
+// "reject", "truncate", "split"; InvalidArgument otherwise.
+LongSequences parseLongSequences(const std::string& name);
+const char* longSequencesName(LongSequences mode);
+
+enum class GradMethod {
+  kInPlace = 0,      // the home layout: reduce(-scatter) over its data group
+  kReduceThenSwitch,  // reduce over the phase's data group, then switch the result home
+  kSwitchPartial,     // switch the unreduced summands home, summed during the switch
+};
+const char* gradMethodName(GradMethod method);
+
 struct PlannerOptions {
-  int boundaryCandidates = 32;
+  int boundaryCandidates = 128;
+  int64_t maxContext = 0;  // 0: no limit
+  LongSequences longSequences = LongSequences::kReject;
+  double microBatchOverheadShare = 0.1;
+  bool pruneDominated = true;
+  bool exactFallback = true;  // compare with one phase under home / best static, exactly
+};
+
+// Seconds of the switches between candidates, from redistribution plans (see plan.py).
+struct SwitchCosts {
+  std::vector<std::vector<double>> params;  // [from][to], 0 on the diagonal
+  // Per candidate: its phase's gradients, reduced over its data group, into the home
+  // accumulator (0 for the home layout).
+  std::vector<double> reducedGrads;
+  // Per candidate: the unreduced summands into the home accumulator; empty: not offered.
+  std::vector<double> partialGrads;
+};
+
+// A sequence or a piece of one: tokens [offset, offset + length) of sequence `sequence`.
+struct SequencePiece {
+  int sequence = 0;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// What the objective knows of one candidate (see above).
+struct CandidateModel {
+  LayoutTerms terms;
+  int dp = 1;
+  int pp = 1;
+  int64_t budget = 0;         // B: most tokens per micro-batch; 0: the weights do not fit
+  double target = 0;          // tau (pp > 1)
+  double gradSeconds = 0;     // g
+  GradMethod gradMethod = GradMethod::kInPlace;
+  double reduceSeconds = 0;   // its own reduction over the data group
+
+  // m(s): the micro-batches one sequence accounts for.
+  double microBatchShare(int64_t s) const;
+  // E from the aggregates of a non-empty set.
+  double estimate(double work, double maxU, double maxV, double microBatches) const;
 };
 
 struct PlannedPhase {
-  Layout layout;
-  std::vector<int> sequences;  // indices into the step's lengths
-  Packing packing;             // indices into the step's lengths
-  PhaseCost cost;
-  double switchInSeconds = 0;  // parameters into this layout from the previous one
-  double gradSeconds = 0;      // its gradients into the home layout
+  int candidate = 0;
+  Layout layout{1, 1, 1};
+  std::vector<int> sequences;  // indices into StepPlan::pieces
+  Packing packing;             // indices into StepPlan::pieces
+  PhaseCost cost;              // exact packing; cost.runSeconds() is the phase's run time
+  double estimateSeconds = 0;  // E
+  double switchInSeconds = 0;  // parameters from the previous phase's layout (home first)
+  double switchOutSeconds = 0;  // parameters to the next phase's layout (home after the last)
+  double gradSeconds = 0;
+  GradMethod gradMethod = GradMethod::kInPlace;
 };
 
 struct StepPlan {
-  std::vector<PlannedPhase> phases;
-  double switchBackSeconds = 0;  // parameters back into the home layout
+  std::vector<SequencePiece> pieces;
+  std::vector<PlannedPhase> phases;  // in run order
+  double switchBackSeconds = 0;      // parameters back into the home layout
+  // sum over phases of (switch in + run + grad) + switch back, from the exact packing.
   double totalSeconds = 0;
-  // The single layout that holds the longest sequence and is fastest over the whole batch.
+  double objectiveSeconds = 0;  // J of the plan's assignment
+  double programSeconds = 0;    // J_DP of the dynamic program's optimum (>= objectiveSeconds)
+  int candidatesUsed = 0;       // candidates left after dropping dominated ones
+  bool singlePhaseFallback = false;  // one phase under home or best static beat the program's plan
+  // The single layout that holds the longest piece and is fastest over the whole batch, run
+  // as its own home (no switches; its own gradient reduction): what a Megatron-LM user runs.
   int bestStaticLayout = -1;  // index into the candidates
-  double bestStaticSeconds = 0;
+  double bestStaticSeconds = 0;           // exact packing
+  double bestStaticObjectiveSeconds = 0;  // E + its reduction
+};
+
+// J of one assignment, with its parts.
+struct ObjectiveValue {
+  double totalSeconds = 0;
+  double switchSeconds = 0;           // C
+  std::vector<double> phaseSeconds;   // per candidate: E + g, 0 when unused
+  std::vector<int> order;             // used candidates in run order
 };
 
 class Planner {
  public:
+  static constexpr int kMaxOrderedLayouts = 12;
+
   // candidates: layouts of the cost model's world; home: index of the home layout among
-  // them; switchSeconds: candidates x candidates; gradSeconds: one per candidate (0 for the
-  // home layout). Throws InvalidArgument for mismatched sizes, negative costs, or a layout
-  // the model cannot use.
-  Planner(CostModel cost, std::vector<Layout> candidates, int home,
-          std::vector<std::vector<double>> switchSeconds, std::vector<double> gradSeconds,
+  // them. Throws InvalidArgument for mismatched sizes, negative or non-finite costs, or a
+  // layout the model cannot use.
+  Planner(CostModel cost, std::vector<Layout> candidates, int home, SwitchCosts switches,
           PlannerOptions options = {});
 
-  // Throws InvalidArgument for an empty batch, a length < 1, or a sequence no candidate
-  // holds (naming it and the longest that fits).
+  // Throws InvalidArgument for an empty batch, a length < 1, a sequence longer than the max
+  // context under kReject, or a piece no candidate holds (naming it and the longest that
+  // fits).
   StepPlan plan(const std::vector<int64_t>& lengths) const;
 
+  // The pieces the plan cuts the lengths into (identity unless sequences exceed maxContext).
+  std::vector<SequencePiece> pieces(const std::vector<int64_t>& lengths) const;
+
+  // J of an arbitrary assignment of pieces (by length) to candidates. Throws InvalidArgument
+  // for mismatched sizes, an index outside the candidates, or a piece its layout cannot
+  // hold, or more than kMaxOrderedLayouts non-home layouts.
+  ObjectiveValue objective(const std::vector<int64_t>& pieceLengths, const std::vector<int>& assignment) const;
+
   const std::vector<Layout>& candidates() const { return candidates_; }
+  int home() const { return home_; }
+  const CostModel& costModel() const { return cost_; }
+  const SwitchCosts& switchCosts() const { return switches_; }
+  const PlannerOptions& options() const { return options_; }
+  const CandidateModel& candidateModel(int i) const { return models_.at(i); }
   // The most tokens one micro-batch may hold under candidate i (0 when even the weights do
   // not fit).
-  int64_t microBatchBudget(int i) const { return budgets_.at(i); }
+  int64_t microBatchBudget(int i) const { return models_.at(i).budget; }
 
  private:
-  int64_t computeBudget(const Layout& layout) const;
-  PlannedPhase makePhase(int layout, std::vector<int> sequences, const std::vector<int64_t>& lengths) const;
+  int64_t computeBudget(const Layout& layout, const LayoutTerms& terms) const;
+  // The cheapest cycle home -> layouts -> home and its order (exact up to
+  // kMaxOrderedLayouts; beyond, the given order).
+  double cycle(std::vector<int>& layouts) const;
+  std::vector<bool> undominated(int64_t shortest, int64_t longest) const;
+  bool dominates(int better, int worse, int64_t shortest, int64_t longest) const;
+  PlannedPhase makePhase(int candidate, std::vector<int> sequences, const std::vector<int64_t>& lengths) const;
 
   CostModel cost_;
   std::vector<Layout> candidates_;
   int home_;
-  std::vector<std::vector<double>> switchSeconds_;
-  std::vector<double> gradSeconds_;
+  SwitchCosts switches_;
   PlannerOptions options_;
-  std::vector<int64_t> budgets_;
+  std::vector<CandidateModel> models_;
 };
 
 }  // namespace hotswitch

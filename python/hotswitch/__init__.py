@@ -23,6 +23,7 @@ from hotswitch._C import (  # noqa: E402
     Topology,
 )
 from hotswitch.logging import get_logger, set_log_level  # noqa: E402
+from hotswitch.hardware import load_profile, save_profile  # noqa: E402
 from hotswitch.specs import llama_tensor_set, shard_tensors  # noqa: E402
 from hotswitch.redistribute import (  # noqa: E402
     SwitchResult,

@@ -27,6 +27,7 @@ HardwareProfile unitHardware() {
   h.name = "unit";
   h.peakFlops = 1e6;
   h.efficiency = 1.0;
+  h.attentionEfficiency = 1.0;
   h.memoryBytes = 1 << 20;
   h.intraNodeBandwidth = 1e3;
   h.interNodeBandwidth = 1e2;
@@ -55,7 +56,10 @@ TEST(CostModelTest, FlopsByHand) {
   EXPECT_DOUBLE_EQ(cost.trainingFlops(s), 3 * forward);
   ModelConfig recompute = tiny();
   recompute.recompute = true;
-  EXPECT_DOUBLE_EQ(CostModel(recompute, unitHardware(), Topology(1, 1)).trainingFlops(s), 4 * forward);
+  // Recomputation reruns the layers' forward, not the head's.
+  const double head = 2.0 * 10 * 8 * s;
+  EXPECT_DOUBLE_EQ(CostModel(recompute, unitHardware(), Topology(1, 1)).trainingFlops(s),
+                   4 * (forward - head) + 3 * head);
   // Attention is quadratic: one sequence of 2s costs more than two of s.
   EXPECT_GT(cost.forwardFlops(2 * s), 2 * cost.forwardFlops(s));
 }
@@ -74,6 +78,59 @@ TEST(CostModelTest, SingleDevicePhaseIsComputeOverFlops) {
   // 34 * 8 bytes per token, plus fp32 logits and their gradient: 8 tokens * 10 * 4 * 2.
   EXPECT_EQ(p.activationBytes, 8 * 2 * 34 * 8 + 8 * 10 * 8);
   EXPECT_TRUE(p.fits);
+}
+
+TEST(CostModelTest, TermsByHand) {
+  // tiny(): 2 layers, hidden 8, linear params 640 per layer, vocab 10, bf16.
+  HardwareProfile hw = unitHardware();
+  hw.attentionEfficiency = 0.5;  // attention at half the linear layers' rate
+  hw.intraNodeLatency = 1e-3;
+  hw.layerOverheadSeconds = 0.25;
+  hw.sequenceOverheadSeconds = 0.125;
+  CostModel cost(tiny(), hw, Topology(2, 2));
+  LayoutTerms one = cost.terms(Layout(2, 1, 1));
+  // Per token: 3 * (2 layers * 2 * 640) + 3 * (2 * 10 * 8) FLOPs at 1e6 FLOP/s.
+  EXPECT_DOUBLE_EQ(one.alphaCompute, (3 * 2 * 2 * 640 + 3 * 2 * 10 * 8) / 1e6);
+  // Per token^2: 3 * 2 layers * 2 * 8 FLOPs at 0.5e6 FLOP/s.
+  EXPECT_DOUBLE_EQ(one.beta, 3 * 2 * 2 * 8 / 0.5e6);
+  EXPECT_DOUBLE_EQ(one.gamma, 2 * 0.125);
+  EXPECT_DOUBLE_EQ(one.alphaTp, 0);
+  EXPECT_DOUBLE_EQ(one.microBatchSeconds, 2 * 0.25);
+  // dp2 all-reduce of (2 * 656 + 80) fp32 gradients: 2 steps of half the bytes at 1e3 B/s + latency.
+  EXPECT_DOUBLE_EQ(one.dpSeconds, 2 * ((2 * 656 + 80) * 4 / 2 / 1e3 + 1e-3));
+
+  LayoutTerms tp = cost.terms(Layout(1, 2, 1));
+  EXPECT_DOUBLE_EQ(tp.alphaCompute, one.alphaCompute / 2);
+  EXPECT_DOUBLE_EQ(tp.beta, one.beta / 2);
+  // 8 collectives per layer, each (tp - 1) / tp of the token's 8 * 2 bytes at 1e3 B/s.
+  EXPECT_DOUBLE_EQ(tp.alphaTp, 2 * 8 * 0.5 * 8 * 2 / 1e3);
+  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 8 * 1 * 1e-3);
+  EXPECT_DOUBLE_EQ(tp.microBatchSeconds, 2 * 0.25 + tp.microBatchTpSeconds);
+
+  LayoutTerms pp = cost.terms(Layout(1, 1, 2));
+  EXPECT_DOUBLE_EQ(pp.beta, one.beta / 2);  // one layer per stage
+  EXPECT_DOUBLE_EQ(pp.p2pPerToken, 8 * 2 / 1e3);
+  EXPECT_DOUBLE_EQ(pp.p2pLatency, 1e-3);
+  EXPECT_DOUBLE_EQ(pp.microBatchSeconds, 0.25);
+}
+
+TEST(CostModelTest, PhaseFromTermsByHand) {
+  HardwareProfile hw = unitHardware();
+  hw.layerOverheadSeconds = 0.25;
+  hw.intraNodeLatency = 1e-3;
+  CostModel cost(tiny(), hw, Topology(2, 2));
+  // pp2, micro-batches {5, 3} and {7}: sum of stage times plus one bubble of the largest
+  // (stage time plus its two transfers).
+  const Layout layout(1, 1, 2);
+  const LayoutTerms t = cost.terms(layout);
+  PhaseCost p = cost.phase(layout, {{{5, 3}, {7}}});
+  const double first = t.u(5) + t.u(3) + t.microBatchSeconds, second = t.u(7) + t.microBatchSeconds;
+  const double c1 = first + 2 * (8 * t.p2pPerToken + t.p2pLatency);
+  const double c2 = second + 2 * (7 * t.p2pPerToken + t.p2pLatency);
+  EXPECT_NEAR(p.runSeconds(), first + second + std::max(c1, c2), 1e-12);
+  EXPECT_NEAR(p.ppSeconds, c1 > c2 ? c1 - first : c2 - second, 1e-12);
+  EXPECT_NEAR(p.computeSeconds + p.tpSeconds + p.ppSeconds, p.runSeconds(), 1e-12);
+  EXPECT_EQ(p.dpSeconds, 0);
 }
 
 TEST(CostModelTest, CollectivesUseTheSlowLinkAcrossNodes) {

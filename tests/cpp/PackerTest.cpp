@@ -85,6 +85,25 @@ TEST(PackerTest, DeterministicAndBalancedByTimeNotTokens) {
   EXPECT_LT(count, 5u);
 }
 
+TEST(PackerTest, TargetCostSetsTheMicroBatchCount) {
+  // 12 sequences of 100 tokens, cost 2e4 each, one replica: a target of 5e4 asks for
+  // ceil(2.4e5 / 5e4) = 5 micro-batches; the token budget alone would make one.
+  std::vector<int64_t> lengths(12, 100);
+  PackOptions o{4096, 1, 5e4};
+  Packing p = Packer::pack(lengths, 1, o, quadratic);
+  ASSERT_EQ(p.microBatches[0].size(), 5u);
+  for (const auto& mb : p.microBatches[0]) {
+    EXPECT_GE(mb.size(), 2u);  // 12 over 5 slots, balanced: 3, 3, 2, 2, 2
+    EXPECT_LE(mb.size(), 3u);
+  }
+  EXPECT_EQ(Packer::pack(lengths, 1, {4096, 1, 0}, quadratic).microBatches[0].size(), 1u);
+  // A tiny target: one sequence per micro-batch.
+  EXPECT_EQ(Packer::pack(lengths, 1, {4096, 1, 1e-300}, quadratic).microBatches[0].size(), 12u);
+  EXPECT_NE(testing::invalidArgumentMessage([&] { Packer::pack(lengths, 1, {4096, 1, -1}, quadratic); })
+                .find("target_micro_batch_cost must be >= 0, got -1"),
+            std::string::npos);
+}
+
 TEST(PackerTest, RejectsWhatCannotBePacked) {
   auto message = [](auto fn) { return testing::invalidArgumentMessage(fn); };
   EXPECT_NE(message([] { Packer::pack({10, 5000}, 1, {4096, 1}, quadratic); })

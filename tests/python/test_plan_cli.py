@@ -1,7 +1,10 @@
 """The planner's dry-run CLI: python -m hotswitch.plan."""
 
+import json
+
 import pytest
 
+import hotswitch as hs
 from hotswitch import plan as cli
 
 
@@ -17,16 +20,88 @@ def test_plans_one_step_and_simulates(lengths_file, capsys):
                      "--candidates", "dp8,dp2tp4,tp8", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "predicted step" in out and "best static" in out
-    assert "simulated 2 steps" in out
+    assert "grad method" in out and "order " in out
+    assert "simulated 2 steps" in out and "free switches" in out
+
+
+def test_long_sequences_truncate_split_or_reject(lengths_file, capsys):
+    args = ["--gpus", "8", "--lengths", lengths_file, "--global-batch", "32", "--candidates", "dp8,dp2tp4,tp8",
+            "--max-context", "4096"]
+    assert cli.main(args + ["--long-sequences", "truncate"]) == 0
+    assert "-4096" in capsys.readouterr().out
+    assert cli.main(args + ["--long-sequences", "split"]) == 0
+    assert "-4096" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        cli.main(args + ["--long-sequences", "reject"])
+    assert info.value.code == 2
+    assert "longer than the max context of 4096" in capsys.readouterr().err
+
+
+def test_planner_splits_long_sequences_into_pieces():
+    model = hs.ModelConfig.preset("llama-7b")
+    hardware = hs.HardwareProfile.preset("a800")
+    topology = hs.Topology(8, 8)
+    layouts = [hs.Layout.parse(n) for n in ["dp8", "dp2tp4", "tp8"]]
+    planner = cli.build_planner(model, hardware, topology, layouts, 0, max_context=1000, long_sequences="split")
+    plan = planner.plan([2500, 30, 1000])
+    assert plan["pieces"] == [(0, 0, 1000), (0, 1000, 1000), (0, 2000, 500), (1, 0, 30), (2, 0, 1000)]
+    placed = sorted(i for ph in plan["phases"] for r in ph["micro_batches"] for mb in r for i in mb)
+    assert placed == [0, 1, 2, 3, 4]
+    for ph in plan["phases"]:
+        for replica, cus in zip(ph["micro_batches"], ph["cu_seqlens"]):
+            for mb, cu in zip(replica, cus):
+                assert cu == [sum(plan["pieces"][i][2] for i in mb[:k]) for k in range(len(mb) + 1)]
+    assert planner.long_sequences == "split" and planner.max_context == 1000
+
+
+def test_calibrated_profile_file_plans_like_a_preset(lengths_file, tmp_path, capsys):
+    profile = hs.HardwareProfile.preset("a800")
+    profile.memory_bytes = 60 << 30
+    profile.name = "a800-60g"
+    path = str(tmp_path / "hw.json")
+    profile.save(path)
+    assert json.loads(open(path).read())["memory_bytes"] == 60 << 30
+    assert hs.HardwareProfile.load(path) == profile
+    assert cli.main(["--gpus", "8", "--lengths", lengths_file, "--global-batch", "32", "--hardware", path,
+                     "--candidates", "dp8,dp2tp4,tp8"]) == 0
+    assert "predicted step" in capsys.readouterr().out
+
+
+def test_plot_draws_a_png(lengths_file, tmp_path, capsys):
+    path = tmp_path / "step.png"
+    assert cli.main(["--gpus", "8", "--lengths", lengths_file, "--global-batch", "48",
+                     "--candidates", "dp8,dp2tp4,tp8", "--plot", str(path)]) == 0
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_switch_costs_from_plans_and_estimates_agree():
+    model = hs.ModelConfig.preset("llama-7b")
+    hardware = hs.HardwareProfile.preset("a800")
+    topology = hs.Topology(16, 8)
+    layouts = [hs.Layout.parse(n) for n in ["dp16", "dp4tp4", "dp2tp4pp2"]]
+    plans = cli.switch_costs(model, hardware, topology, layouts, 1, method="plans")
+    estimates = cli.switch_costs(model, hardware, topology, layouts, 1, method="estimate")
+    pairs = [(plans[0][i][j], estimates[0][i][j]) for i in range(3) for j in range(3)]
+    pairs += [(plans[k][i], estimates[k][i]) for k in (1, 2) for i in range(3)]
+    for planned, estimated in pairs:
+        # The plan's slowest rank (sends or receives) and the estimate's slowest receiver:
+        # equal when the receives bind, larger for the plan when a sender does.
+        assert (planned == 0) == (estimated == 0)
+        assert planned >= estimated * (1 - 1e-12), (planned, estimated)
+        assert planned <= estimated * 2, (planned, estimated)
+    assert plans[1][1] == plans[2][1] == 0  # the home layout's gradients stay in place
 
 
 @pytest.mark.parametrize("args,needle", [
     (["--gpus", "0"], "--gpus must be >= 1, got 0"),
     (["--model", "gpt-5"], "'gpt-5'"),
     (["--hardware", "tpu"], "'tpu'"),
+    (["--hardware", "missing.json"], "cannot read hardware profile 'missing.json'"),
     (["--candidates", "dp2tp2"], "!= world(8)"),
     (["--candidates", "dp1tp8", "--home", "dp8"], "--home dp8 is not among"),
     (["--steps", "-1"], "--steps must be >= 0"),
+    (["--plot", "out.svg"], "--plot must name a .png file"),
 ])
 def test_bad_arguments_exit_with_the_value(lengths_file, capsys, args, needle):
     with pytest.raises(SystemExit) as info:
@@ -42,3 +117,23 @@ def test_bad_lengths_files_name_the_line(tmp_path):
         cli.load_lengths(str(bad))
     with pytest.raises(ValueError, match="cannot read"):
         cli.load_lengths(str(tmp_path / "missing.txt"))
+
+
+def test_bad_profile_files_name_the_field(tmp_path):
+    path = tmp_path / "hw.json"
+    fields = hs.HardwareProfile.preset("a100").to_dict()
+    fields["efficiency"] = 1.5
+    path.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match="efficiency must be in"):
+        hs.HardwareProfile.load(str(path))
+    del fields["efficiency"]
+    path.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match="lacks the field 'efficiency'"):
+        hs.HardwareProfile.load(str(path))
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not JSON"):
+        hs.HardwareProfile.load(str(path))
+    profile = hs.HardwareProfile.preset("a100")
+    with pytest.raises(ValueError, match="memory_bytes must be > 0"):
+        profile.memory_bytes = 0
+    assert profile.memory_bytes == 80 << 30

@@ -1,0 +1,48 @@
+"""Hardware profiles as JSON files: ``HardwareProfile.save(path)`` and ``HardwareProfile.load(path)``.
+
+A profile file holds one JSON object with the fields of ``HardwareProfile.to_dict()``:
+``name``, ``peak_flops`` (FLOP/s), ``efficiency`` and ``attention_efficiency`` (fractions of
+peak on linear layers and on causal attention), ``memory_bytes`` (per-rank budget),
+``intra_node_bandwidth`` / ``inter_node_bandwidth`` (bytes/s one rank sends),
+``intra_node_latency`` / ``inter_node_latency`` (seconds per message),
+``layer_overhead_seconds`` (per layer and micro-batch, forward and backward) and
+``sequence_overhead_seconds`` (per layer and sequence). Calibrated profiles
+(``hotswitch.calibrate``) and presets load and plan alike.
+"""
+
+import json
+
+from hotswitch._C import HardwareProfile
+
+__all__ = ["load_profile", "save_profile"]
+
+
+def save_profile(profile: HardwareProfile, path: str) -> None:
+    """Writes the profile to ``path`` as JSON; ValueError naming the path when it cannot."""
+    try:
+        with open(path, "w") as f:
+            json.dump(profile.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+    except OSError as e:
+        raise ValueError(f"cannot write hardware profile {path!r}: {e.strerror}") from None
+
+
+def load_profile(path: str) -> HardwareProfile:
+    """Reads a profile written by ``save_profile``; ValueError naming the path and the field."""
+    try:
+        with open(path) as f:
+            fields = json.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read hardware profile {path!r}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"hardware profile {path!r} is not JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"hardware profile {path!r} must hold a JSON object, got {type(fields).__name__}")
+    try:
+        return HardwareProfile.from_dict(fields)
+    except ValueError as e:
+        raise ValueError(f"hardware profile {path!r}: {e}") from None
+
+
+HardwareProfile.save = save_profile
+HardwareProfile.load = staticmethod(load_profile)

@@ -1,0 +1,79 @@
+"""Pictures of a step plan (matplotlib, Agg backend: no display needed)."""
+
+from typing import Optional
+
+__all__ = ["plot_step"]
+
+
+def plot_step(plan: dict, planner, path: str, title: Optional[str] = None) -> None:
+    """Draws one step plan to the PNG file ``path``.
+
+    Top: the histogram of the step's piece lengths (tokens, log scale), each phase's length
+    range shaded in its layout's colour. Bottom: the step's timeline in predicted seconds:
+    parameter switches (grey), each phase's run (its colour) and its gradients into the home
+    layout (hatched), against the best static layout's run below. ValueError when the file
+    cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    pieces = plan["pieces"]
+    lengths = [p[2] for p in pieces]
+    names = sorted({ph["layout"].name for ph in plan["phases"]} |
+                   {planner.candidates[plan["best_static"]].name})
+    palette = plt.get_cmap("tab10")
+    colour = {n: palette(i % 10) for i, n in enumerate(names)}
+
+    fig, (hist, line) = plt.subplots(2, 1, figsize=(10, 6.5), gridspec_kw={"height_ratios": [3, 2]})
+    lo, hi = max(1, min(lengths)), max(lengths)
+    bins = [lo * (hi / lo) ** (k / 40) for k in range(41)] if hi > lo else [lo * 0.9, hi * 1.1]
+    hist.hist(lengths, bins=bins, color="0.35", zorder=3)
+    hist.set_xscale("log")
+    for ph in plan["phases"]:
+        ls = [lengths[i] for i in ph["sequences"]]
+        hist.axvspan(min(ls), max(ls), color=colour[ph["layout"].name], alpha=0.3, zorder=1)
+        hist.axvline(max(ls), color=colour[ph["layout"].name], lw=1.5, zorder=2)
+    hist.set_xlabel("piece length (tokens)")
+    hist.set_ylabel("pieces")
+    hist.legend(handles=[Patch(color=colour[ph["layout"].name], alpha=0.5,
+                               label=f"{ph['layout'].name}: {len(ph['sequences'])} pieces")
+                         for ph in plan["phases"]], loc="upper right")
+    hist.set_title(title or f"{len(lengths)} pieces, {len(plan['phases'])} phases, predicted "
+                            f"{plan['total_s']:.2f} s vs best static {plan['best_static_s']:.2f} s")
+
+    t = 0.0
+    for ph in plan["phases"]:
+        name = ph["layout"].name
+        if ph["switch_in_s"] > 0:
+            line.barh(1, ph["switch_in_s"], left=t, color="0.6", edgecolor="black")
+            t += ph["switch_in_s"]
+        line.barh(1, ph["predicted_s"], left=t, color=colour[name], edgecolor="black")
+        line.text(t + ph["predicted_s"] / 2, 1, name, ha="center", va="center", fontsize=8)
+        t += ph["predicted_s"]
+        if ph["grad_s"] > 0:
+            line.barh(1, ph["grad_s"], left=t, color=colour[name], hatch="//", edgecolor="black", alpha=0.6)
+            t += ph["grad_s"]
+    if plan["switch_back_s"] > 0:
+        line.barh(1, plan["switch_back_s"], left=t, color="0.6", edgecolor="black")
+    static = planner.candidates[plan["best_static"]].name
+    line.barh(0, plan["best_static_s"], color=colour[static], edgecolor="black")
+    line.text(plan["best_static_s"] / 2, 0, static, ha="center", va="center", fontsize=8)
+    line.set_yticks([0, 1])
+    line.set_yticklabels(["best static", "hot switching"])
+    line.set_xlabel("predicted seconds")
+    line.legend(handles=[Patch(color="0.6", label="parameter switch"),
+                         Patch(facecolor="white", hatch="//", edgecolor="black", label="gradients home")],
+                loc="lower right")
+    line.set_xlim(0, 1.02 * max(plan["total_s"], plan["best_static_s"]))
+    from hotswitch.plan import switch_share
+    line.set_title(f"timeline: {switch_share(plan, planner):.3f} s of switching (grey, hatched)", fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise ValueError(f"cannot write plot {path!r}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
