@@ -174,12 +174,13 @@ class Runtime:
         self.cost = hs.CostModel(config.cost_config(), hardware, self.topology, zero=zero)
         self._home_kind = "zero" if zero else "sharded"
         n = len(self.candidates)
-        free = hs.Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n)
+        free = hs.Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
         longest = max(free.micro_batch_budget(i) for i in range(n))
         if longest < max_context:
             raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
         self.home = self._home(home, free)
+        self._costs = None
         self.planner = self._build_planner()
 
         # Collective from here on: the same order on every rank.
@@ -241,15 +242,32 @@ class Runtime:
             raise ValueError(f"home layout {home!r} is not among the candidates {names}")
         return self.candidates[names.index(layout.name)]
 
-    def _build_planner(self):
-        from hotswitch.plan import _switch_seconds
+    def _switch_costs(self):
+        """Seconds of every switch the planner weighs, from the redistribution plans of this
+        model's tensors: parameters between candidates; a phase's gradients into the home
+        accumulator, reduced over its data group first or as partial summands."""
+        from hotswitch.plan import _plan_seconds
+        seconds = lambda a, ka, b, kb: _plan_seconds(  # noqa: E731
+            hs.plan_switch(self.tensor_set, a, b, src_kind=ka, dst_kind=kb, topology=self.topology),
+            self.hardware, self.topology)
+        home = self.home.name
+        params = [[0.0 if a.name == b.name else seconds(a, "sharded", b, "sharded") for b in self.candidates]
+                  for a in self.candidates]
+        reduced = [0.0 if l.name == home else seconds(l, "sharded", self.home, self._home_kind) for l in self.candidates]
+        partial = [0.0 if l.name == home else seconds(l, "partial", self.home, self._home_kind) for l in self.candidates]
+        return params, reduced, partial
+
+    def _build_planner(self, cost=None):
         home = [l.name for l in self.candidates].index(self.home.name)
-        plan = lambda a, b, **kw: hs.plan_switch(self.tensor_set, a, b, topology=self.topology, **kw)  # noqa: E731
-        switch = [[0.0 if a.name == b.name else _switch_seconds(plan(a, b), self.hardware)
-                   for b in self.candidates] for a in self.candidates]
-        grads = [0.0 if l.name == self.home.name else _switch_seconds(
-            plan(l, self.home, src_kind="partial", dst_kind=self._home_kind), self.hardware) for l in self.candidates]
-        return hs.Planner(self.cost, self.candidates, home, switch, grads)
+        if self._costs is None:
+            self._costs = self._switch_costs()
+        params, reduced, partial = self._costs
+        if self.grad_method == "partial":
+            reduced = [math.inf if r else 0.0 for r in reduced]
+        elif self.grad_method == "reduce":
+            partial = None
+        return hs.Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
+                          max_context=self.max_context)
 
     # ----------------------------------------------------------------------------- step
 
@@ -452,7 +470,7 @@ class Runtime:
         flat buffer), summed over the phase's data replicas; (grads, method, bytes moved)."""
         method = self.grad_method
         if method == "auto":
-            method = ph.get("grad_method", "partial")
+            method = {"switch_partial": "partial", "reduce_then_switch": "reduce"}.get(ph["grad_method"], "partial")
         if layout.name == self.home.name and not self.zero:
             model.reduce_gradients()
             return {n: g.clone() for n, g in model.grad_shards().items()}, "local", 0

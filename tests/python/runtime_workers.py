@@ -19,16 +19,18 @@ LR = 1e-3
 # over every length class (three or more phases), with a length-1 sequence and primes.
 STEPS = [
     [250],
-    [5, 9, 3, 7, 241],
-    [1, 2, 3, 7, 13, 17, 31, 97, 131, 199, 251, 11, 5],
-    [40, 40, 23, 150, 190, 256, 29, 60, 2],
+    [3, 9, 17, 23, 29, 31, 37, 41, 43, 47, 250],
+    [1, 2, 3, 7, 13, 17, 31, 97, 131, 199, 251, 11, 5, 40, 23, 37],
+    [40, 40, 23, 150, 190, 256, 29, 60, 2, 15, 18, 33],
 ]
 
-
 def hardware(budget=BUDGET):
-    """A slow device with fast links: compute dominates, so splitting a step pays."""
-    return _C.HardwareProfile(peak_flops=2e9, efficiency=1.0, memory_bytes=budget, intra_node_bandwidth=1e10,
-                              inter_node_bandwidth=1e10)
+    """A slow device with slow links, like CPU ranks over gloo: tensor parallelism costs, so
+    short sequences run best data-parallel and the planner splits steps (1, 2 and 3 phases
+    for the steps above)."""
+    return _C.HardwareProfile(peak_flops=2e9, efficiency=1.0, memory_bytes=budget, intra_node_bandwidth=3e8,
+                              inter_node_bandwidth=3e8, intra_node_latency=3e-4, inter_node_latency=3e-4,
+                              layer_overhead_seconds=1e-4)
 
 
 def batch(lengths, seed):
@@ -60,7 +62,7 @@ def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, st
 def refusals(rank, world, candidates):
     """Bad steps raise ValueError on every rank and leave the master weights untouched."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
-    rt = hs.Runtime(cfg, candidates=candidates, hardware=hardware(), max_context=MAX_CONTEXT, seed=7)
+    rt = hs.Runtime(cfg, candidates=candidates, hardware=hardware(1 << 40), max_context=MAX_CONTEXT, seed=7)
     before = {k: v.clone() for k, v in rt._master_shards().items()}
     messages = []
     bad = [
