@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--document-unit", default="block", choices=None, help="file or block")
     d.add_argument("--long-sequences", default="truncate", help="truncate or split documents over --seq-length")
     d.add_argument("--max-files", type=int, default=None)
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--save", default=None, help="directory to save checkpoints in")
+    c.add_argument("--save-interval", type=int, default=None, help="save every N steps (and at the end)")
+    c.add_argument("--load", default=None, help="checkpoint (step_N or a --save directory) to start from")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint of --load (default: --save) when there is one")
     o = p.add_argument_group("output")
     o.add_argument("--log-interval", type=int, default=1)
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -82,7 +88,7 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("num_query_groups", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
-                 "micro_batch_size", "global_batch_tokens", "max_files"):
+                 "micro_batch_size", "global_batch_tokens", "max_files", "save_interval"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -96,6 +102,10 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error(f"--document-unit must be file or block, got {args.document_unit!r}")
     if args.long_sequences not in ("truncate", "split"):
         parser.error(f"--long-sequences must be truncate or split, got {args.long_sequences!r}")
+    if args.resume and not (args.load or args.save):
+        parser.error("--resume needs --load or --save to name the checkpoint directory")
+    if args.save_interval is not None and not args.save:
+        parser.error(f"--save-interval {args.save_interval} needs --save")
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
     if args.max_position_embeddings < args.seq_length:
@@ -182,12 +192,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(str(e))
 
     log = hs.get_logger("train")
+    start_step = 0
+    source = args.load or (args.save if args.resume else None)
+    if source:
+        from hotswitch.checkpoint import latest_checkpoint
+        path = source if os.path.exists(os.path.join(source, "metadata.json")) else latest_checkpoint(source)
+        if path is None and not args.resume:
+            parser.error(f"--load {source!r} holds no checkpoint")
+        if path is not None:
+            info = runtime.load_checkpoint(path)
+            if info["data_state"]:
+                sampler.load_state_dict(info["data_state"])
+            start_step = info["step"]
+            if rank == 0:
+                print(f"resumed from {path} at step {start_step}", flush=True)
     bar = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
-        bar = tqdm(total=args.train_iters, unit="step", dynamic_ncols=True, file=sys.stderr)
+        bar = tqdm(total=args.train_iters, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
     results = []
-    for it in range(args.train_iters):
+    for it in range(start_step, args.train_iters):
         batch = sampler.next_batch()
         result = runtime.train_step(batch)
         results.append(result)
@@ -204,6 +228,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 bar.write(msg)
             else:
                 print(msg, flush=True)
+        last = it + 1 == args.train_iters
+        if args.save and (last or (args.save_interval and (it + 1) % args.save_interval == 0)):
+            path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict())
+            if rank == 0:
+                (bar.write if bar is not None else print)(f"saved {path}")
     if bar is not None:
         bar.close()
 
@@ -233,6 +262,7 @@ def _summary(results, runtime, world: int) -> dict:
         "switch_seconds": round(switch, 3),
         "switch_share": round(switch / seconds, 4) if seconds else 0.0,
         "final_loss": results[-1].loss if results else None,
+        "losses": [r.loss for r in results],
         "pred_error_median": round(statistics.median(warm), 4) if warm else None,
         "layouts": sorted({l for r in results for l in r.layouts}),
         "home": runtime.home.name,
@@ -240,6 +270,8 @@ def _summary(results, runtime, world: int) -> dict:
 
 
 def _format_summary(s: dict) -> str:
+    if not s["steps"]:
+        return f"summary: no steps to run (the checkpoint is already at --train-iters); home {s['home']}"
     return (f"summary: {s['steps']} steps on {s['world']} ranks, {s['tokens']} tokens in {s['seconds']:.1f} s "
             f"({s['tokens_per_s']:,.0f} tok/s); time in switches {s['switch_seconds']:.2f} s "
             f"({100 * s['switch_share']:.1f}%); prediction error median {s['pred_error_median']}; "
