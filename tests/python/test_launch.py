@@ -17,7 +17,9 @@ from hotswitch.distributed import init_distributed
 rank, world, local = init_distributed(timeout_s=60)
 t = torch.tensor([rank + 1])
 dist.all_reduce(t)
-print(f"rank {{rank}}/{{world}} local {{local}} of {{os.environ['LOCAL_WORLD_SIZE']}} sum {{t.item()}}", flush=True)
+# One write per line: ranks share the terminal, and an unbuffered print writes the newline apart.
+sys.stdout.write(f"rank {{rank}}/{{world}} local {{local}} of {{os.environ['LOCAL_WORLD_SIZE']}} sum {{t.item()}}\\n")
+sys.stdout.flush()
 if len(sys.argv) > 1 and rank == int(sys.argv[1]):
     sys.exit(7)
 if len(sys.argv) > 1:
