@@ -218,12 +218,20 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
 
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-  // Contributions are applied in the plan's segment order within a round, local copies
-  // first, so sums are deterministic for a given plan and bound.
+  // Summands are added after every one has arrived, in summand order from zero: each
+  // element of the sum is ((0 + s_0) + s_1) + ... on every rank that holds it, whichever
+  // rank sent which summand and in which order messages completed, so replicas of one
+  // destination element stay bitwise equal.
+  struct Summand {
+    int summand;
+    const Segment* segment;
+    at::Tensor values;
+  };
+  std::vector<Summand> summands;
   auto localStart = Clock::now();
   for (const Segment& s : plan.localCopies[me]) {
     if (plan.sumsSummands) {
-      dstView(s).add_(srcView(s));
+      summands.push_back({s.summand, &s, srcView(s)});
     } else {
       dstView(s).copy_(srcView(s));
     }
@@ -297,7 +305,8 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
         at::Tensor packedSegment = packedView(recvs[j].buffer, incoming[j]->offsets[n], s,
                                               plan.elementSizes[s.tensor], typeOf(s));
         if (plan.sumsSummands) {
-          dstView(s).add_(packedSegment);
+          // A later round reuses the staging buffer: keep a copy until the sums are made.
+          summands.push_back({s.summand, &s, rounds.size() > 1 ? packedSegment.clone() : packedSegment});
         } else {
           dstView(s).copy_(packedSegment);
         }
@@ -316,6 +325,13 @@ SwitchResult SwitchExecutor::run(const RedistributionPlan& plan, const std::vect
     result.packSeconds += packSeconds;
     result.unpackSeconds += unpackSeconds;
     result.exchangeSeconds += since(exchangeStart) - packSeconds - unpackSeconds;
+  }
+  if (plan.sumsSummands) {
+    auto t = Clock::now();
+    std::stable_sort(summands.begin(), summands.end(),
+                     [](const Summand& a, const Summand& b) { return a.summand < b.summand; });
+    for (const Summand& s : summands) dstView(*s.segment).add_(s.values);
+    result.unpackSeconds += since(t);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   HS_LOG_DEBUG("switch", "rank ", me, ": sent ", result.bytesSent, " B, received ",

@@ -128,6 +128,63 @@ INSTANTIATE_TEST_SUITE_P(
                       ExecCase{"tp4", PlacementKind::kSharded, "dp4", PlacementKind::kSharded, 1000},
                       ExecCase{"dp2tp2", PlacementKind::kPartial, "dp4", PlacementKind::kZero, 600}));
 
+// Summands whose float sum depends on the order of additions: every replica of a destination
+// element holds the same bits, the sum taken in summand order, however the messages arrive.
+class SummandOrderTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(SummandOrderTest, ReplicasOfASumAreBitwiseEqual) {
+  const int world = 4;
+  TensorSet set = transformerSet(2, 8, false, DType::kFloat32);
+  Topology topo(world, 2);
+  Placement from = Placement::make(set, Layout::parse("dp4"), PlacementKind::kPartial);
+  Placement to = Placement::make(set, Layout::parse("dp2tp2"), PlacementKind::kSharded);
+  auto plan = RedistributionPlan::build(set, from, to, topo);
+  auto summand = [](int tensor, int64_t element, int k) {
+    const float scale[] = {3e7f, 1.0f, -3e7f, 0.37f};
+    return scale[k] * (1.0f + 0.001f * static_cast<float>((element * 7 + tensor * 13) % 97));
+  };
+  std::vector<std::vector<at::Tensor>> got(world);
+  runRanks(world, [&](int rank, std::shared_ptr<Transport> transport) {
+    std::vector<at::Tensor> src;
+    for (const BufferSpec& b : from.rank(rank).buffers) src.push_back(at::zeros({b.numel()}, at::kFloat));
+    for (const Piece& piece : from.rank(rank).pieces) {
+      float* data = src[piece.buffer].data_ptr<float>();
+      const Shape& shape = set.specs[piece.tensor].shape;
+      forEachElement(piece, [&](const Shape& x, int64_t off) {
+        int64_t flat = 0;
+        for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + x[d];
+        data[off] = summand(piece.tensor, flat, piece.summand);
+      });
+    }
+    SwitchOptions options;
+    options.maxBufferBytes = GetParam();
+    SwitchExecutor executor(transport);
+    got[rank] = executor.run(plan, src, options).buffers;
+  });
+  // Replicas: rank r and r + 2 hold the same shards under dp2tp2 (tp varies fastest).
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[r].size(), got[r + 2].size());
+    for (size_t i = 0; i < got[r].size(); ++i) {
+      EXPECT_TRUE(got[r][i].equal(got[r + 2][i])) << "rank " << r << " buffer " << i;
+    }
+    for (const Piece& piece : to.rank(r).pieces) {
+      const float* data = got[r][piece.buffer].data_ptr<float>();
+      const Shape& shape = set.specs[piece.tensor].shape;
+      int64_t bad = 0;
+      forEachElement(piece, [&](const Shape& x, int64_t off) {
+        int64_t flat = 0;
+        for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + x[d];
+        float expected = 0.0f;
+        for (int k = 0; k < 4; ++k) expected += summand(piece.tensor, flat, k);
+        if (data[off] != expected) ++bad;
+      });
+      EXPECT_EQ(bad, 0) << "rank " << r << " tensor " << set.specs[piece.tensor].name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rounds, SummandOrderTest, ::testing::Values(int64_t{0}, int64_t{512}));
+
 // Rounds respect the bound for every rank, down to the smallest bound and 8-byte elements,
 // and carry every byte of the plan.
 TEST(SwitchExecutorTest, RoundsRespectTheBoundDownToOneElement) {
