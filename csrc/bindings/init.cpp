@@ -518,8 +518,9 @@ PYBIND11_MODULE(_C, m) {
                        std::vector<std::vector<double>> switchSeconds, std::vector<double> gradSeconds,
                        std::optional<std::vector<double>> gradPartialSeconds, int boundaryCandidates,
                        int64_t maxContext, const std::string& longSequences, bool pruneDominated,
-                       double microBatchOverheadShare, bool exactFallback) {
+                       double microBatchOverheadShare, bool exactFallback, int64_t maxTokensPerMicroBatch) {
              PlannerOptions o;
+             o.maxTokensPerMicroBatch = maxTokensPerMicroBatch;
              o.boundaryCandidates = boundaryCandidates;
              o.maxContext = maxContext;
              o.longSequences = parseLongSequences(longSequences);
@@ -535,7 +536,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("grad_seconds"), py::arg("grad_partial_seconds") = py::none(),
            py::arg("boundary_candidates") = 128, py::arg("max_context") = 0, py::arg("long_sequences") = "reject",
            py::arg("prune_dominated") = true, py::arg("micro_batch_overhead_share") = 0.1,
-           py::arg("exact_fallback") = true)
+           py::arg("exact_fallback") = true, py::arg("max_tokens_per_micro_batch") = 0)
       .def_property_readonly("candidates", &Planner::candidates)
       .def_property_readonly("home", &Planner::home)
       .def_property_readonly("cost", &Planner::costModel)

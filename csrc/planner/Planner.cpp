@@ -112,6 +112,8 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
   HS_CHECK(options_.boundaryCandidates >= 2, "boundary_candidates must be >= 2, got ",
            options_.boundaryCandidates);
   HS_CHECK(options_.maxContext >= 0, "max_context must be >= 0 (0: no limit), got ", options_.maxContext);
+  HS_CHECK(options_.maxTokensPerMicroBatch >= 0, "max_tokens_per_micro_batch must be >= 0 (0: no cap), got ",
+           options_.maxTokensPerMicroBatch);
   HS_CHECK(options_.microBatchOverheadShare > 0 && options_.microBatchOverheadShare <= 1,
            "micro_batch_overhead_share must be in (0, 1], got ", options_.microBatchOverheadShare);
 
@@ -122,6 +124,7 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
     m.dp = l.dp();
     m.pp = l.pp();
     m.budget = computeBudget(l, m.terms);
+    if (options_.maxTokensPerMicroBatch > 0) m.budget = std::min(m.budget, options_.maxTokensPerMicroBatch);
     if (m.pp > 1 && m.terms.microBatchSeconds > 0) {
       m.target = std::min(m.terms.alpha() * static_cast<double>(m.budget),
                           m.terms.microBatchSeconds / options_.microBatchOverheadShare);

@@ -93,6 +93,9 @@ struct PlannerOptions {
   double microBatchOverheadShare = 0.1;
   bool pruneDominated = true;
   bool exactFallback = true;  // compare with one phase under home / best static, exactly
+  // Tokens one micro-batch may hold at most, whatever memory allows (Megatron's
+  // micro-batch size times the sequence length); 0: memory alone decides.
+  int64_t maxTokensPerMicroBatch = 0;
 };
 
 // Seconds of the switches between candidates, from redistribution plans (see plan.py).

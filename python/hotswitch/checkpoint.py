@@ -18,6 +18,7 @@ refuses a corrupt, truncated or mismatched checkpoint naming the file and the te
 every rank, before any state changes.
 """
 
+import io
 import json
 import os
 import shutil
@@ -184,7 +185,7 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
     nonce = [os.urandom(4).hex() if rank == 0 else None]
     dist.broadcast_object_list(nonce, src=0, group=group)
     tmp = os.path.join(root, f".{name}.tmp-{nonce[0]}")
-    manifest, message = [], ""
+    manifest, message, rng_entry = [], "", None
     try:
         tensors, scalars = _states(runtime)
         writes = _writers(runtime.tensor_set, runtime.home, runtime._home_kind).get(rank, set())
@@ -205,22 +206,31 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
                     os.fsync(f.fileno())
                 manifest.append({"state": state, "tensor": spec.name, "lo": list(lo), "hi": list(hi),
                                  "file": rel, "bytes": len(data), "crc32": zlib.crc32(data)})
+        buf = io.BytesIO()
         torch.save({"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                   os.path.join(tmp, "rng", f"rank_{rank:05d}.pt"))
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, buf)
+        data = buf.getvalue()
+        rel = os.path.join("rng", f"rank_{rank:05d}.pt")
+        with open(os.path.join(tmp, rel), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        rng_entry = {"rank": rank, "file": rel, "bytes": len(data), "crc32": zlib.crc32(data)}
         ok = True
     except (OSError, ValueError, RuntimeError) as e:
         ok, message = False, f"{type(e).__name__}: {e}"
     everyone: List[Optional[tuple]] = [None] * runtime.world
-    dist.all_gather_object(everyone, (ok, message, manifest), group=group)
-    failed = [(r, m) for r, (good, m, _) in enumerate(everyone) if not good]
+    dist.all_gather_object(everyone, (ok, message, manifest, rng_entry), group=group)
+    failed = [(r, m) for r, (good, m, _, _) in enumerate(everyone) if not good]
     if failed:
+        if rank == 0:  # every rank is done writing: the partial directory goes
+            shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"saving {os.path.join(root, name)} failed: " +
                               "; ".join(f"rank {r}: {m}" for r, m in failed))
     ok, message = True, ""
     if rank == 0:
         try:
-            entries = sorted((e for _, _, m in everyone for e in m), key=lambda e: (e["state"], e["tensor"], e["lo"]))
+            entries = sorted((e for _, _, m, _ in everyone for e in m), key=lambda e: (e["state"], e["tensor"], e["lo"]))
             meta = {
                 "format": FORMAT,
                 "step": runtime.step,
@@ -235,6 +245,7 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
                 "data_state": data_state,
                 "extra": extra,
                 "manifest": entries,
+                "rng": [r for _, _, _, r in everyone],
             }
             path = os.path.join(tmp, "metadata.json")
             with open(path, "w") as f:
@@ -255,6 +266,7 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
             _fsync_dir(root)
         except (OSError, TypeError, ValueError) as e:
             ok, message = False, f"{type(e).__name__}: {e}"
+            shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint stays the latest
     _agree(ok, message, group)
     _log.info("rank %d: saved %s (%d boxes written here)", rank, name, len(manifest))
     return os.path.join(root, name)
@@ -339,7 +351,7 @@ def _load(runtime, path: str) -> dict:
         raise ValueError(f"checkpoint path must be a path, got {type(path).__name__}")
     path = os.fspath(path)
     group, rank = runtime.control, runtime.rank
-    new_master, new_states, meta, message = None, None, None, ""
+    new_master, new_states, meta, message, rng_states = None, None, None, "", None
     try:
         if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):
             found = latest_checkpoint(path)
@@ -379,6 +391,19 @@ def _load(runtime, path: str) -> dict:
             new_states[state] = local
         if "param" not in new_states:
             raise CheckpointError(f"{path}/metadata.json lists no parameters")
+        if len(meta["param_groups"]) != len(runtime.optimizer.param_groups):
+            raise CheckpointError(f"{path}/metadata.json has {len(meta['param_groups'])} optimizer parameter groups, "
+                                  f"the runtime's optimizer {len(runtime.optimizer.param_groups)}")
+        rng_states = None
+        if meta["world"] == runtime.world and meta.get("rng"):
+            entry = meta["rng"][rank]
+            with open(os.path.join(path, entry["file"]), "rb") as f:
+                data = f.read()
+            if len(data) != entry["bytes"] or zlib.crc32(data) != entry["crc32"]:
+                raise CheckpointError(f"{os.path.join(path, entry['file'])}: RNG states of rank {rank} are corrupt "
+                                      f"({len(data)} bytes, CRC32 {zlib.crc32(data)}; expected {entry['bytes']} "
+                                      f"bytes, CRC32 {entry['crc32']})")
+            rng_states = torch.load(io.BytesIO(data))
         ok = True
     except CheckpointError as e:
         ok, message = False, str(e)
@@ -403,12 +428,10 @@ def _load(runtime, path: str) -> dict:
         for k, v in saved.items():
             group_state[k] = tuple(v) if isinstance(group_state.get(k), tuple) else v
     runtime.step = meta["step"]
-    rng = os.path.join(path, "rng", f"rank_{rank:05d}.pt")
-    if meta["world"] == runtime.world and os.path.exists(rng):
-        states = torch.load(rng)
-        torch.set_rng_state(states["torch"])
-        if states.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["cuda"])
+    if rng_states is not None:
+        torch.set_rng_state(rng_states["torch"])
+        if rng_states.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng_states["cuda"])
     _log.info("rank %d: loaded %s (step %d, saved under %s on %d ranks)", rank, path, meta["step"],
               meta["home"], meta["world"])
     return {"step": meta["step"], "data_state": meta["data_state"], "extra": meta["extra"]}

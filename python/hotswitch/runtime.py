@@ -30,6 +30,7 @@ import torch.distributed as dist
 import hotswitch as hs
 from hotswitch import _C
 from hotswitch.logging import get_logger
+from hotswitch.online import OnlineCalibration
 from hotswitch.redistribute import DEFAULT_TIMEOUT_S, default_topology
 
 __all__ = ["NonFiniteLoss", "PhaseResult", "Runtime", "StepResult"]
@@ -37,6 +38,8 @@ __all__ = ["NonFiniteLoss", "PhaseResult", "Runtime", "StepResult"]
 _log = get_logger("runtime")
 
 GRAD_METHODS = ("auto", "partial", "reduce")
+_NEVER_S = 1e30  # a switch cost the planner never chooses
+_TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 NONFINITE_POLICIES = ("raise", "skip")
 
 
@@ -86,9 +89,9 @@ class StepResult:
 
 
 def _with_memory(hw, memory_bytes: int):
-    return _C.HardwareProfile(peak_flops=hw.peak_flops, efficiency=hw.efficiency, memory_bytes=memory_bytes,
-                              intra_node_bandwidth=hw.intra_node_bandwidth,
-                              inter_node_bandwidth=hw.inter_node_bandwidth, name=hw.name)
+    fields = hw.to_dict()
+    fields["memory_bytes"] = memory_bytes
+    return _C.HardwareProfile.from_dict(fields)
 
 
 def _check_int(name: str, value, low: int) -> int:
@@ -113,6 +116,12 @@ class Runtime:
     optimizer state over the home data group. ``grad_method``: ``"auto"`` (the cheaper per
     phase, from the switch plans), ``"partial"`` or ``"reduce"``. ``timeout``: seconds for
     every switch (a dead or stalled peer raises ``hs.SwitchTimeout`` / ``hs.SwitchFault``).
+    ``max_tokens_per_micro_batch``: a cap on a micro-batch's tokens below what memory allows
+    (Megatron's micro-batch size times the sequence length; at least ``max_context``).
+    ``recalibrate``: refit the cost model from the measured times after every step (see
+    ``hotswitch.online``); plans then follow the machine, so two runs of the same batches may
+    plan differently and round differently — pass ``False`` for bit-reproducible runs and
+    bitwise resumes.
 
     Construction is collective over ``group`` (default: the world): it builds the process
     groups of every candidate once and initialises the weights from ``seed`` (the same
@@ -124,7 +133,8 @@ class Runtime:
                  memory_budget_bytes: Optional[int] = None, max_context: Optional[int] = None,
                  zero: bool = False, grad_method: str = "auto", seed: int = 0,
                  group: Optional[dist.ProcessGroup] = None, topology=None,
-                 timeout: float = DEFAULT_TIMEOUT_S, recalibrate: bool = True, nonfinite: str = "raise"):
+                 timeout: float = DEFAULT_TIMEOUT_S, recalibrate: bool = True, nonfinite: str = "raise",
+                 max_tokens_per_micro_batch: Optional[int] = None):
         if not isinstance(config, hs.TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
         if nonfinite not in NONFINITE_POLICIES:
@@ -133,6 +143,8 @@ class Runtime:
             raise ValueError(f"grad_method {grad_method!r} is not one of {', '.join(GRAD_METHODS)}")
         if not isinstance(zero, bool):
             raise ValueError(f"zero must be a bool, got {zero!r}")
+        if not isinstance(recalibrate, bool):
+            raise ValueError(f"recalibrate must be a bool, got {recalibrate!r}")
         _check_int("seed", seed, 0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -141,6 +153,12 @@ class Runtime:
         if max_context > config.max_position_embeddings:
             raise ValueError(f"max_context({max_context}) exceeds the model's max_position_embeddings"
                              f"({config.max_position_embeddings})")
+        if max_tokens_per_micro_batch is not None:
+            _check_int("max_tokens_per_micro_batch", max_tokens_per_micro_batch, 1)
+            if max_tokens_per_micro_batch < max_context:
+                raise ValueError(f"max_tokens_per_micro_batch({max_tokens_per_micro_batch}) must be >= "
+                                 f"max_context({max_context}): a micro-batch holds at least one whole sequence")
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         if group is None:
             if not dist.is_initialized():
                 raise ValueError("torch.distributed is not initialized; call init_process_group first")
@@ -187,7 +205,9 @@ class Runtime:
         # The runtime's own small collectives (batch agreement, loss, checkpoints) give up
         # after `timeout` too, whatever the timeout of the caller's group.
         from hotswitch.model.groups import _global_ranks
+        self._root = _global_ranks(group)[0]
         self.control = dist.new_group(_global_ranks(group), timeout=timedelta(seconds=self.timeout))
+        self._agree_on_settings()
         self.groups = {l.name: hs.ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
         self._models: Dict[str, "hs.ParallelTransformer"] = {}
         home_model = hs.ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed)
@@ -203,7 +223,11 @@ class Runtime:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         self.prediction_errors: List[float] = []
-        self._observations: List[tuple] = []
+        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if recalibrate else None
+        self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
+        self._switch_scale = 1.0
+        self._overhead_s = 0.0
+        self._optimizer_s = 0.0  # the last step's, for the next step's overhead observation
 
     # ----------------------------------------------------------------------------- set-up
 
@@ -262,14 +286,35 @@ class Runtime:
         if self._costs is None:
             self._costs = self._switch_costs()
         params, reduced, partial = self._costs
+        scale = getattr(self, "_switch_scale", 1.0)
+        params = [[c * scale for c in row] for row in params]
+        reduced = [c * scale for c in reduced]
+        partial = [c * scale for c in partial]
         if self.grad_method == "partial":
-            reduced = [math.inf if r else 0.0 for r in reduced]
+            # The planner needs finite costs: reducing first is made too dear to choose.
+            reduced = [_NEVER_S if r else 0.0 for r in reduced]
         elif self.grad_method == "reduce":
             partial = None
         return hs.Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
-                          max_context=self.max_context)
+                          max_context=self.max_context,
+                          max_tokens_per_micro_batch=self.max_tokens_per_micro_batch or 0)
 
     # ----------------------------------------------------------------------------- step
+
+    def _agree_on_settings(self) -> None:
+        """Every rank must build the same runtime: differing settings would plan different
+        steps and leave ranks waiting in different collectives."""
+        settings = repr((dataclasses.asdict(self.config), [l.name for l in self.candidates], self.home.name,
+                         sorted(self.hardware.to_dict().items()), self.zero, self.grad_method, self.seed,
+                         self.max_context, self.recalibrate, self.nonfinite, self.max_tokens_per_micro_batch))
+        digest = int.from_bytes(hashlib.blake2b(settings.encode(), digest_size=7).digest(), "little")
+        mine = torch.tensor([digest], dtype=torch.int64)
+        everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(everyone, mine, group=self.control)
+        differ = [r for r, d in enumerate(everyone) if int(d) != digest]
+        if differ:
+            raise ValueError(f"rank {self.rank}'s runtime settings differ from those of ranks {differ}; every rank "
+                             f"must build the Runtime alike (its settings: {settings})")
 
     def _agree_on_batch(self, sequences) -> None:
         digest = hashlib.blake2b(digest_size=7)
@@ -291,9 +336,12 @@ class Runtime:
         out = []
         vocab = self.config.vocab_size
         for i, s in enumerate(sequences):
-            t = torch.as_tensor(s) if not isinstance(s, torch.Tensor) else s
-            if t.dim() != 1 or t.numel() == 0 or t.dtype in (torch.float16, torch.float32, torch.float64,
-                                                             torch.bfloat16, torch.bool):
+            try:
+                t = torch.as_tensor(s) if not isinstance(s, torch.Tensor) else s
+            except Exception as e:  # None, dicts, ids beyond int64, ragged nesting, ...
+                raise ValueError(f"sequence {i} must be a non-empty 1-D sequence of integer token ids, got "
+                                 f"{type(s).__name__} ({type(e).__name__}: {e})") from None
+            if t.dim() != 1 or t.numel() == 0 or t.dtype not in _TOKEN_DTYPES:
                 raise ValueError(f"sequence {i} must be a non-empty 1-D sequence of integer token ids, got "
                                  f"shape {tuple(t.shape)} and {t.dtype}")
             if t.numel() > self.max_context:
@@ -361,8 +409,10 @@ class Runtime:
         error = None
         try:
             tensors = self._check_batch(sequences)
-        except ValueError as e:
-            error, tensors = e, []
+        except Exception as e:  # whatever a bad batch raises, every rank must hear of it
+            error = e if isinstance(e, ValueError) else ValueError(
+                f"the batch is not a list of token sequences ({type(e).__name__}: {e})")
+            tensors = []
         # Every rank learns of any rank's refusal: nobody is left waiting in a collective.
         flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
         dist.all_reduce(flag, group=self.control)
@@ -375,10 +425,10 @@ class Runtime:
         targets = sum(n - 1 for n in lengths)
         if targets == 0:
             raise ValueError(f"the batch has no target tokens: all {len(lengths)} sequences have length 1")
+        self._apply_fit()
         plan = self.planner.plan(lengths)
 
         loss_scale = 1.0 / targets
-        home_idx = [l.name for l in self.candidates].index(self.home.name)
         accumulator = None
         loss_sum = torch.zeros(1, dtype=torch.float64)
         phases: List[PhaseResult] = []
@@ -391,14 +441,18 @@ class Runtime:
             self._stage = f"phase {k} ({layout.name}): switching parameters {src.name} -> {layout.name}"
             if current_layout is not None and current_layout.name == layout.name:
                 params = current
-            elif layout.name == self.home.name and not self.zero:
-                params = {n: t.clone() for n, t in self._master_shards().items()}
-            elif current is None:
-                r = self._switch(self._master_shards(), self.home, layout, src_kind=self._home_kind)
-                params, moved = r.shards, r.stats["bytes_moved"]
             else:
-                r = self._switch(current, current_layout, layout, donate=True)
-                params, moved = r.shards, r.stats["bytes_moved"]
+                if current_layout is not None:
+                    # The last layout's model lets go of its parameters: the switch may reuse them.
+                    self._release(self._models[current_layout.name])
+                if layout.name == self.home.name and not self.zero:
+                    params = {n: t.clone() for n, t in self._master_shards().items()}
+                elif current is None:
+                    r = self._switch(self._master_shards(), self.home, layout, src_kind=self._home_kind)
+                    params, moved = r.shards, r.stats["bytes_moved"]
+                else:
+                    r = self._switch(current, current_layout, layout, donate=True)
+                    params, moved = r.shards, r.stats["bytes_moved"]
             switch_s = time.perf_counter() - t0
             model = self._model(layout, params)
             current, current_layout = params, layout
@@ -419,6 +473,7 @@ class Runtime:
             t0 = time.perf_counter()
             self._stage = f"phase {k} ({layout.name}): moving gradients into the home layout {self.home.name}"
             grads, method, grad_bytes = self._grads_home(model, layout, ph)
+            model.zero_grad()
             accumulator = grads if accumulator is None else self._add(accumulator, grads)
             grad_s = time.perf_counter() - t0
             # The home phase's own data-parallel reduction is part of running it, not a switch.
@@ -427,11 +482,18 @@ class Runtime:
             tokens = sum(lengths[i] for i in ph["sequences"])
             phases.append(PhaseResult(layout.name, len(ph["sequences"]), tokens, len(mbs), ph["predicted_s"],
                                       compute_s, switch_s, moved, grad_s, grad_bytes, method))
-            self._observations.append((layout, ph, compute_s))
+        if current_layout is not None:
+            self._release(self._models[current_layout.name])
         del current
-        self._stage = "reducing the step's loss"
+        self._stage = "reducing the step's loss and times"
         dist.all_reduce(loss_sum, group=self.control)
         loss = float(loss_sum) / targets
+        # The slowest rank's times: what the step took, and what re-calibration learns from.
+        times = [time.perf_counter() - start, self._optimizer_s]
+        for p in phases:
+            times += [p.compute_s, p.switch_s, p.grad_s]
+        times = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.control)
         if not math.isfinite(loss):
             if self.nonfinite == "raise":
                 raise NonFiniteLoss(f"step {self.step + 1}: the loss is {loss}; the optimizer did not step and the "
@@ -449,21 +511,82 @@ class Runtime:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         optimizer_s = time.perf_counter() - t0
-        self.step += 1
         seconds = time.perf_counter() - start
-        measured = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.control)
-        error = abs(plan["total_s"] - float(measured)) / float(measured)
+        # Everything but the optimizer is the slowest rank's; the optimizer runs alike everywhere.
+        measured = float(times[0]) + optimizer_s
+        predicted = plan["total_s"] + self._overhead_s
+        error = abs(predicted - measured) / measured
         self.prediction_errors.append(error)
+        self.step += 1
+        self._observe(plan, lengths, times.tolist())
+        self._optimizer_s = optimizer_s
         _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%)",
-                  self.step, len(lengths), sum(lengths), [p.layout for p in phases], plan["total_s"],
-                  float(measured), 100 * error)
+                  self.step, len(lengths), sum(lengths), [p.layout for p in phases], predicted, measured,
+                  100 * error)
         return StepResult(
             step=self.step, loss=loss, skipped=skipped, tokens=sum(lengths), targets=targets,
             seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
-            optimizer_seconds=optimizer_s, predicted_s=plan["total_s"],
+            optimizer_seconds=optimizer_s, predicted_s=predicted,
             best_static=self.candidates[plan["best_static"]].name,
-            best_static_predicted_s=plan["best_static_s"], phases=phases)
+            best_static_predicted_s=plan["best_static_s"] + self._overhead_s, phases=phases)
+
+    @staticmethod
+    def _release(model) -> None:
+        """Drops a cached layout model's gradients and parameter storage (it gets new shards
+        with ``load_shards`` when its layout runs again)."""
+        model.zero_grad()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    # ----------------------------------------------------------------------------- re-calibration
+
+    _FIT_FIELDS = ("peak_flops", "efficiency", "attention_efficiency", "layer_overhead_seconds",
+                   "sequence_overhead_seconds", "intra_node_bandwidth", "inter_node_bandwidth",
+                   "intra_node_latency", "inter_node_latency")
+
+    def _observe(self, plan, lengths, times) -> None:
+        """Feeds the step's slowest-rank times to the online calibration (from the second step
+        on: the first runs each layout cold) and fits the cost model; the fit is agreed on and
+        used at the next step."""
+        if self.calibration is None:
+            return
+        if self.step >= 2:
+            parts = times[2:]
+            for k, ph in enumerate(plan["phases"]):
+                compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
+                batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph["micro_batches"]]
+                self.calibration.observe_phase(ph["layout"], batches, compute_s)
+                # Planned at the current scale; the home phase's own reduction is planned as 0.
+                self.calibration.observe_switch(ph["switch_in_s"] / self._switch_scale, switch_s)
+                self.calibration.observe_switch(ph["grad_s"] / self._switch_scale, grad_s)
+            self.calibration.observe_overhead(times[0] - sum(parts) + (times[1] if self.step > 2 else 0.0))
+        fit = self.calibration.fit(self.hardware) if self.step >= 2 else None
+        if fit is None:
+            return
+        d = fit.hardware.to_dict()
+        self._fit_vector = torch.tensor([d[f] for f in self._FIT_FIELDS] + [fit.switch_scale, fit.overhead_s],
+                                        dtype=torch.float64)
+        _log.info("re-calibration after step %d: phase time error %.1f%% -> %.1f%% over %d phases; switch scale "
+                  "%.2f, fixed %.3f s per step", self.step, 100 * fit.error_before, 100 * fit.error_after,
+                  fit.phases, fit.switch_scale, fit.overhead_s)
+
+    def _apply_fit(self) -> None:
+        """Makes the last fit (rank 0's, so that every rank plans alike) the planner's model."""
+        if self._fit_vector is None:
+            return
+        self._stage = "agreeing on the re-calibrated cost model"
+        vector = self._fit_vector.clone()
+        dist.broadcast(vector, src=self._root, group=self.control)
+        values = vector.tolist()
+        fields = self.hardware.to_dict()
+        fields.update(zip(self._FIT_FIELDS, values))
+        hardware = _C.HardwareProfile.from_dict(fields)
+        self.hardware = hardware
+        self._switch_scale, self._overhead_s = values[-2], values[-1]
+        self.cost = hs.CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero)
+        self.planner = self._build_planner()
+        self._fit_vector = None
 
     def _grads_home(self, model, layout, ph):
         """This phase's gradients as home-layout tensors (the home placement's shards or ZeRO

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--memory-budget-gb", type=float, default=None, help="per-rank memory the plans respect")
     par.add_argument("--hardware", default="a100", help="cost profile: a preset name or a calibrated JSON file")
     par.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled peer raises")
+    par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
+                     help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
     d = p.add_argument_group("data")
     d.add_argument("--data-path", default=None, help="directory of text files (default: Python's stdlib)")
     d.add_argument("--document-unit", default="block", choices=None, help="file or block")
@@ -182,10 +184,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             global_batch_size=None if args.global_batch_tokens else args.global_batch_size,
             global_batch_tokens=args.global_batch_tokens, seed=args.seed, long_sequences=args.long_sequences)
         budget = None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30)
+        cap = None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length
         runtime = hs.Runtime(
             config, candidates=candidates, home=home, hardware=hardware, memory_budget_bytes=budget,
             max_context=args.seq_length, zero=args.use_distributed_optimizer, seed=args.seed,
-            timeout=args.timeout,
+            timeout=args.timeout, recalibrate=args.recalibrate,
+            max_tokens_per_micro_batch=cap,
             optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
                                                        betas=(args.adam_beta1, args.adam_beta2)))
     except ValueError as e:
@@ -263,6 +267,11 @@ def _summary(results, runtime, world: int) -> dict:
         "switch_share": round(switch / seconds, 4) if seconds else 0.0,
         "final_loss": results[-1].loss if results else None,
         "losses": [r.loss for r in results],
+        "step_seconds": [round(r.seconds, 4) for r in results],
+        "step_tokens": [r.tokens for r in results],
+        "step_switch_seconds": [round(r.switch_seconds, 4) for r in results],
+        "step_layouts": [r.layouts for r in results],
+        "prediction_errors": [round(e, 4) for e in runtime.prediction_errors],
         "pred_error_median": round(statistics.median(warm), 4) if warm else None,
         "layouts": sorted({l for r in results for l in r.layouts}),
         "home": runtime.home.name,

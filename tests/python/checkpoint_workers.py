@@ -18,7 +18,7 @@ def _runtime(world, home, zero=False, hidden=None):
     candidates = ["dp4", "dp2tp2", "pp4", "tp2pp2"] if world == 4 else "auto"
     budget = rw.BUDGET if world == 4 else 1 << 40
     return hs.Runtime(cfg, candidates=candidates, home=home, hardware=rw.hardware(budget),
-                      max_context=rw.MAX_CONTEXT, zero=zero, seed=7,
+                      max_context=rw.MAX_CONTEXT, zero=zero, seed=7, recalibrate=False,
                       optimizer=lambda p: torch.optim.AdamW(p, lr=rw.LR, eps=1e-6, weight_decay=0.1))
 
 

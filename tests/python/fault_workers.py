@@ -17,7 +17,7 @@ VICTIM = 1
 
 def _runtime(timeout):
     cfg = hs.TransformerConfig(**rw.TINY, tied_embedding=True)
-    return hs.Runtime(cfg, candidates=CANDIDATES, hardware=rw.hardware(), max_context=rw.MAX_CONTEXT, seed=7,
+    return hs.Runtime(cfg, candidates=CANDIDATES, hardware=rw.hardware(), max_context=rw.MAX_CONTEXT, seed=7, recalibrate=False,
                       timeout=timeout, optimizer=lambda p: torch.optim.AdamW(p, lr=rw.LR, eps=1e-6))
 
 

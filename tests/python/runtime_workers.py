@@ -42,21 +42,28 @@ def _numpy(shards):
     return {k: v.detach().cpu().numpy().copy() for k, v in shards.items()}
 
 
-def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, steps=STEPS):
+def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, steps=STEPS, recalibrate=False):
     """Trains the steps; returns (per step: loss, layouts, grad methods), the full weights
     (rank 0 only) and the home layout."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=tied)
     # World 1 holds the whole model on one rank: no budget there.
     budget = BUDGET if world > 1 else 1 << 40
     rt = hs.Runtime(cfg, candidates=candidates, hardware=hardware(budget), max_context=MAX_CONTEXT, zero=zero,
-                    grad_method=grad_method, seed=7,
+                    grad_method=grad_method, seed=7, recalibrate=recalibrate,
                     optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
     out = []
     for i, lengths in enumerate(steps):
         r = rt.train_step(batch(lengths, i))
         out.append((r.loss, r.layouts, [p.grad_method for p in r.phases], r.targets))
+    if recalibrate:  # every rank plans with the same re-calibrated model
+        out.append(sorted(rt.hardware.to_dict().items()))
     weights = rt.full_weights()
-    return out, _numpy(weights) if rank == 0 else None, rt.home.name
+    # Every copy of a weight (data replicas, a tied embedding on two stages) holds the same bits.
+    mine = rt._master_shards()
+    expected = hs.shard_tensors(weights, rt.tensor_set, rt.home, rank, kind="zero" if zero else "sharded")
+    copies_equal = (torch.equal(mine, expected) if zero else
+                    all(torch.equal(mine[n], expected[n]) for n in mine))
+    return out, _numpy(weights) if rank == 0 else None, rt.home.name, copies_equal
 
 
 def refusals(rank, world, candidates):
@@ -74,6 +81,11 @@ def refusals(rank, world, candidates):
         [[3]],                                  # no target tokens
         batch([5, 7], seed=rank),               # ranks disagree on the batch
         [[1, 2]] if rank == 1 else [[1, 2, 3]],  # one rank's batch differs in length
+        [[1, 2**70]],                           # an id beyond int64
+        [[1, 2], None],                         # not a sequence
+        [{"a": 1}],                             # a mapping
+        [[1 + 2j, 3]],                          # complex numbers
+        [[1, 2, 3]] if rank == 0 else [None],   # one rank's batch is malformed
     ]
     for b in bad:
         try:

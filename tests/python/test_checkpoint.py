@@ -65,20 +65,29 @@ def _corrupt(root, tmp_path, how):
         meta["manifest"] = [e for e in meta["manifest"] if e is not entry]
         json.dump(meta, open(os.path.join(dst, "metadata.json"), "w"))
         return dst, ["layers.1.qkv.weight", "missing tensor data"]
+    if how == "rng":
+        target = os.path.join(dst, "rng", "rank_00001.pt")
+        data = bytearray(open(target, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        open(target, "wb").write(bytes(data))
+        return dst, [os.path.join("rng", "rank_00001.pt"), "RNG states of rank 1 are corrupt"]
     if how == "metadata":
         open(os.path.join(dst, "metadata.json"), "w").write("{ not json")
         return dst, ["metadata.json", "not valid JSON"]
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate", "missing", "metadata"])
+@pytest.mark.parametrize("how", ["flip", "truncate", "missing", "metadata", "rng"])
 def test_bad_checkpoints_are_refused_everywhere_with_nothing_changed(saved, tmp_path, how):
     root, _ = saved
     path, needles = _corrupt(root, tmp_path, how)
-    for message, unchanged, step in run_world(2, w.refuse, path, None, timeout=300):
+    # RNG states are restored (and checked) when the world is the one that saved them.
+    world = 4 if how == "rng" else 2
+    for rank, (message, unchanged, step) in enumerate(run_world(world, w.refuse, path, None, timeout=300)):
         assert message is not None and unchanged and step == 0
         for needle in needles:
-            assert needle in message, (needle, message)
+            # Every rank refuses; the rank that read the bad file names it.
+            assert needle in message or (how == "rng" and rank != 1), (needle, message)
 
 
 def test_a_checkpoint_of_another_model_is_refused(saved):
@@ -95,3 +104,4 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
         assert message is not None and "rank 0" in message
         assert latest == first and first.endswith("step_00000001")
         assert "step_00000002" not in entries
+        assert not [e for e in entries if e.startswith(".")], entries  # the partial save is removed

@@ -1,0 +1,155 @@
+"""Hot switching against the best static layout, end to end, on real processes.
+
+4 gloo ranks train a small LLaMA-style model on blocks of the Python standard library's
+source (byte tokens, long-tailed lengths up to --seq-length) under a per-rank memory
+budget that only layouts splitting the model over several ranks meet for the longest
+sequences. Every run goes through the launcher and ``hotswitch.train`` with the same seed,
+so every run sees the same batches:
+
+- static: each layout that holds a --seq-length sequence within the budget, one layout for
+  the whole run (``--quick``: only the one the planner predicts fastest); the best measured
+  is the baseline;
+- hot switching: every step planned over all layouts of the world, with online
+  re-calibration of the cost model from the measured times.
+
+The first --warmup steps of every run (cold caches, the first re-calibration) are left out
+of the figures.
+
+    /usr/bin/python3 -m benchmarks.train [--quick]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+# A CPU rank's starting profile (the runtime refits it from measured times as it trains).
+PROFILE = os.path.join(ROOT, "examples", "cpu_profile.json")
+
+
+def _model_args(a) -> list:
+    return ["--num-layers", str(a.num_layers), "--hidden-size", str(a.hidden_size), "--num-attention-heads", "4",
+            "--seq-length", str(a.seq_length), "--global-batch-size", str(a.global_batch_size),
+            "--train-iters", str(a.steps), "--lr", "1e-3", "--seed", "1234", "--no-progress",
+            "--memory-budget-gb", repr(a.budget_mb / 1024), "--hardware", a.profile, "--log-interval", "1"]
+
+
+def _run(a, extra, out_json, nproc) -> dict:
+    cmd = [sys.executable, "-m", "hotswitch.launch", "--nproc-per-node", str(nproc), "-m", "hotswitch.train",
+           *_model_args(a), *extra, "--summary-json", out_json]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
+        raise SystemExit(f"benchmarks.train: {' '.join(extra)} failed with exit code {proc.returncode}")
+    with open(out_json) as f:
+        summary = json.load(f)
+    summary["wall_s"] = time.monotonic() - start
+    return summary
+
+
+def _figures(s: dict, warmup: int) -> dict:
+    seconds = s["step_seconds"][warmup:]
+    tokens = s["step_tokens"][warmup:]
+    switch = s["step_switch_seconds"][warmup:]
+    errors = s["prediction_errors"][warmup:]
+    return {"tokens_per_s": sum(tokens) / sum(seconds), "switch_share": sum(switch) / sum(seconds),
+            "pred_error_median": statistics.median(errors) if errors else None,
+            "seconds": sum(seconds), "tokens": sum(tokens)}
+
+
+def _static_candidates(a, world: int):
+    """Layouts that hold a --seq-length sequence within the budget, and the one the planner
+    predicts fastest for a batch of such sequences."""
+    import hotswitch as hs
+    from hotswitch import _C
+
+    with open(PROFILE) as f:
+        fields = dict(json.load(f), memory_bytes=int(a.budget_mb * 2**20))
+    hw = _C.HardwareProfile.from_dict(fields)
+    ffn = -(-8 * a.hidden_size // 3 // 64) * 64
+    cfg = hs.TransformerConfig(num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=4,
+                               num_query_groups=4, ffn_hidden_size=ffn, vocab_size=384,
+                               max_position_embeddings=a.seq_length)
+    layouts = []
+    for layout in hs.Layout.enumerate(world):
+        try:
+            cfg.validate(layout)
+        except ValueError:
+            continue
+        layouts.append(layout)
+    n = len(layouts)
+    cost = hs.CostModel(cfg.cost_config(), hw, hs.Topology(world, world))
+    planner = hs.Planner(cost, layouts, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
+    fits = [l for i, l in enumerate(layouts) if planner.micro_batch_budget(i) >= a.seq_length]
+    if not fits:
+        raise SystemExit(f"benchmarks.train: no layout holds {a.seq_length} tokens in {a.budget_mb} MiB")
+    best = layouts[planner.plan([a.seq_length] * 4)["best_static"]]
+    return fits, best, {l.name: planner.micro_batch_budget(i) for i, l in enumerate(layouts)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer steps, the planner's static pick only")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 12; quick 5)")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the figures")
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--seq-length", type=int, default=1024)
+    p.add_argument("--global-batch-size", type=int, default=32)
+    p.add_argument("--budget-mb", type=float, default=26.0, help="per-rank memory budget the plans respect")
+    a = p.parse_args(argv)
+    a.steps = a.steps or (5 if a.quick else 12)
+    if a.steps <= a.warmup:
+        p.error(f"--steps({a.steps}) must exceed --warmup({a.warmup})")
+    start = time.monotonic()
+    fits, planned_best, budgets = _static_candidates(a, a.nproc)
+    print(f"micro-batch token budgets at {a.budget_mb} MiB per rank: {budgets}", flush=True)
+    static_layouts = [planned_best] if a.quick else fits
+    a.profile = PROFILE
+    with tempfile.TemporaryDirectory() as tmp:
+        static = {}
+        for layout in static_layouts:
+            s = _run(a, ["--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size",
+                         str(layout.pp)], os.path.join(tmp, f"{layout.name}.json"), a.nproc)
+            static[layout.name] = _figures(s, a.warmup)
+            print(f"static {layout.name}: {static[layout.name]['tokens_per_s']:.0f} tok/s "
+                  f"({s['wall_s']:.0f} s wall)", flush=True)
+        hot_summary = _run(a, ["--hot-switch", "--candidate-layouts", "auto"], os.path.join(tmp, "hot.json"), a.nproc)
+    hot = _figures(hot_summary, a.warmup)
+    best = max(static, key=lambda n: static[n]["tokens_per_s"])
+    print(f"hot switching: {hot['tokens_per_s']:.0f} tok/s, layouts per step "
+          f"{['+'.join(l) for l in hot_summary['step_layouts']]}", flush=True)
+    print(f"prediction errors per step: {hot_summary['prediction_errors']}", flush=True)
+    result = {
+        "speedup_vs_best_static": round(hot["tokens_per_s"] / static[best]["tokens_per_s"], 4),
+        "switch_share": round(hot["switch_share"], 4),
+        "pred_error_median": round(hot["pred_error_median"], 4),
+        "steps": a.steps,
+        "warmup_steps": a.warmup,
+        "tokens_per_s_hot": round(hot["tokens_per_s"], 1),
+        "tokens_per_s_static": round(static[best]["tokens_per_s"], 1),
+        "best_static": best,
+        "planner_static_pick": planned_best.name,
+        "static_tokens_per_s": {n: round(v["tokens_per_s"], 1) for n, v in static.items()},
+        "hot_layouts": hot_summary["layouts"],
+        "world": a.nproc,
+        "model": {"num_layers": a.num_layers, "hidden_size": a.hidden_size, "seq_length": a.seq_length,
+                  "global_batch_size": a.global_batch_size, "budget_mb": a.budget_mb},
+        "seconds": round(time.monotonic() - start, 1),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Online re-calibration: the runtime's measured times refit the cost model as training runs.
+
+Each step the runtime records, for every phase, the layout, the micro-batches of each data
+replica and the slowest rank's forward/backward time; for every switch, the planned seconds
+and the slowest rank's measured seconds; and what the step spent outside phases and switches
+(batch agreement, loss reduction, the optimizer). ``OnlineCalibration.fit`` then
+
+- refits the hardware profile's time coefficients — achieved FLOP/s of the linear layers
+  and of attention, the per-layer overheads per micro-batch and per sequence, the link
+  bandwidth and latency — by regularised least squares on the cost model's own phase
+  formula: the phase time is (almost) linear in these coefficients, so each observation's
+  sensitivity to each one is taken from the cost model itself and the measured times
+  choose the mix (ridge towards the current values keeps unobserved terms where they are);
+- scales the switch estimates by the ratio of measured to planned switch seconds;
+- keeps a running mean of the fixed per-step time outside phases and switches, which the
+  runtime adds to the planner's prediction.
+
+Every input is a time reduced (MAX) over the ranks, so every rank fits the same profile
+and plans the same steps.
+"""
+
+import collections
+import dataclasses
+from typing import Deque, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from hotswitch import _C
+
+__all__ = ["Fit", "OnlineCalibration"]
+
+# (field names scaled together, how: "inverse" fields are rates — the time goes as 1/field)
+_TERMS: Tuple[Tuple[Tuple[str, ...], bool], ...] = (
+    (("linear_flops",), True),
+    (("attention_flops",), True),
+    (("layer_overhead_seconds",), False),
+    (("sequence_overhead_seconds",), False),
+    (("intra_node_bandwidth", "inter_node_bandwidth"), True),
+    (("intra_node_latency", "inter_node_latency"), False),
+)
+# A coefficient that is 0 gets this value to learn its sensitivity (and may be fitted to it).
+_PROBE = {"layer_overhead_seconds": 1e-5, "sequence_overhead_seconds": 1e-6,
+          "intra_node_latency": 1e-5, "inter_node_latency": 1e-5}
+
+
+@dataclasses.dataclass
+class Fit:
+    """The result of one re-calibration."""
+
+    hardware: "_C.HardwareProfile"
+    switch_scale: float
+    overhead_s: float
+    error_before: float          # median |predicted - measured| / measured of the phases
+    error_after: float
+    phases: int                  # observations used
+
+
+def _fields(hw) -> dict:
+    d = hw.to_dict()
+    d["linear_flops"] = hw.peak_flops * hw.efficiency
+    d["attention_flops"] = hw.peak_flops * hw.attention_efficiency
+    return d
+
+
+def _profile(fields: dict) -> "_C.HardwareProfile":
+    d = dict(fields)
+    linear, attention = d.pop("linear_flops"), d.pop("attention_flops")
+    peak = max(d["peak_flops"], linear, attention)
+    d.update(peak_flops=peak, efficiency=linear / peak, attention_efficiency=attention / peak)
+    return _C.HardwareProfile.from_dict(d)
+
+
+def _scaled(fields: dict, term: int, factor: float) -> dict:
+    names, inverse = _TERMS[term]
+    out = dict(fields)
+    for n in names:
+        out[n] = out[n] / factor if inverse else out[n] * factor
+    return out
+
+
+class OnlineCalibration:
+    """Observations of recent steps and the refit of the cost model from them.
+
+    ``window``: phases (and switches) kept; ``ridge``: weight of the pull towards the current
+    coefficients, relative to the data's scale."""
+
+    def __init__(self, model_config, topology, zero: bool, window: int = 64, ridge: float = 1e-3):
+        self.model_config = model_config
+        self.topology = topology
+        self.zero = zero
+        self.ridge = ridge
+        self.phases: Deque[Tuple["_C.Layout", List[List[List[int]]], float]] = collections.deque(maxlen=window)
+        self.switches: Deque[Tuple[float, float]] = collections.deque(maxlen=window)
+        self.overheads: Deque[float] = collections.deque(maxlen=window)
+
+    def observe_phase(self, layout, batches: Sequence[Sequence[Sequence[int]]], measured_s: float) -> None:
+        """``batches[replica][k]``: the sequence lengths of micro-batch k of each data replica."""
+        if measured_s > 0:
+            self.phases.append((layout, [[list(mb) for mb in r] for r in batches], float(measured_s)))
+
+    def observe_switch(self, planned_s: float, measured_s: float) -> None:
+        if planned_s > 0 and measured_s > 0:
+            self.switches.append((float(planned_s), float(measured_s)))
+
+    def observe_overhead(self, seconds: float) -> None:
+        self.overheads.append(max(0.0, float(seconds)))
+
+    @property
+    def overhead_s(self) -> float:
+        return float(np.mean(self.overheads)) if self.overheads else 0.0
+
+    @property
+    def switch_scale(self) -> float:
+        if not self.switches:
+            return 1.0
+        planned = np.array([p for p, _ in self.switches])
+        measured = np.array([m for _, m in self.switches])
+        return float(np.clip(planned @ measured / (planned @ planned), 0.05, 50.0))
+
+    def _predict(self, fields: dict) -> np.ndarray:
+        cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero)
+        out = []
+        for layout, batches, _ in self.phases:
+            p = cost.phase(layout, batches)
+            out.append(p["total_s"] - p["dp_s"])
+        return np.array(out)
+
+    def fit(self, hardware) -> Optional[Fit]:
+        """The refitted profile, or None without observations. Deterministic in its inputs."""
+        if not self.phases:
+            return None
+        measured = np.array([m for _, _, m in self.phases])
+        base = _fields(hardware)
+        for name, value in _PROBE.items():
+            if base[name] == 0:
+                base[name] = value
+        predicted = self._predict(base)
+        # Contribution of each term at the current coefficients: with time ~ sum_i c_i * x_i
+        # (x_i the contribution, c_i its scale), doubling term i adds x_i.
+        columns = [self._predict(_scaled(base, i, 2.0)) - predicted for i in range(len(_TERMS))]
+        x = np.stack(columns, axis=1)
+        rest = predicted - x.sum(axis=1)  # what no term explains (0 for a linear model)
+        active = [i for i in range(x.shape[1]) if np.any(np.abs(x[:, i]) > 1e-12)]
+        scale = np.ones(x.shape[1])
+        weights = 1.0 / measured  # relative errors
+        for _ in range(len(active) + 1):
+            if not active:
+                break
+            a = x[:, active] * weights[:, None]
+            b = (measured - rest - x[:, [i for i in range(x.shape[1]) if i not in active]]
+                 @ scale[[i for i in range(x.shape[1]) if i not in active]]) * weights
+            lam = self.ridge * float(np.mean(a * a)) * len(measured)
+            lhs = a.T @ a + lam * np.eye(len(active))
+            rhs = a.T @ b + lam * np.ones(len(active))
+            solution = np.linalg.solve(lhs, rhs)
+            low = [k for k, v in enumerate(solution) if v < 0.02]
+            if not low:
+                scale[active] = solution
+                break
+            # Pin the worst offender at the floor and refit the others.
+            worst = active[min(low, key=lambda k: solution[k])]
+            scale[worst] = 0.02
+            active.remove(worst)
+        fields = dict(base)
+        for i, s in enumerate(scale):
+            fields = _scaled(fields, i, float(s))
+        try:
+            profile = _profile(fields)
+        except ValueError:
+            return None
+        after = self._predict(fields)
+        return Fit(hardware=profile, switch_scale=self.switch_scale, overhead_s=self.overhead_s,
+                   error_before=float(np.median(np.abs(predicted - measured) / measured)),
+                   error_after=float(np.median(np.abs(after - measured) / measured)),
+                   phases=len(measured))
