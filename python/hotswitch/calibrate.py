@@ -382,8 +382,11 @@ def calibrate(config: Union[TransformerConfig, "_C.ModelConfig"], world: int = 2
         layout = _C.Layout.parse(text) if isinstance(text, str) else text
         if not isinstance(layout, _C.Layout):
             raise ValueError(f"check layout {text!r} is not a layout name")
-        layout.validate(world)
-        cfg.validate(layout)
+        try:
+            layout.validate(world)
+            cfg.validate(layout)
+        except ValueError as e:
+            raise ValueError(f"check layout {layout.name}: {e}") from None
         # pp > 1: two micro-batches of each single-sequence pack, so the 1F1B bubble shows.
         per_pack = 2 if layout.pp > 1 else 1
         checks.append((layout.name, [[[s]] * per_pack for s in lengths]))
