@@ -54,6 +54,7 @@ DEFAULT_LENGTHS = (32, 96, 256, 512)
 DEFAULT_MESSAGE_BYTES = (16 << 10, 128 << 10, 1 << 20, 4 << 20)
 MAX_WORLD = 8
 MIN_LENGTH = 8
+COMM_MIN_REPEATS = 9
 # Side of the square fp32 matrices whose product sets the nominal peak.
 PEAK_MATMUL_SIZE = 512
 
@@ -113,10 +114,11 @@ def _packs(lengths: Sequence[int]) -> List[List[int]]:
 # ----------------------------------------------------------------------------- ranks
 
 
-def _timed(fn, repeats: int, before=None, inner: int = 1) -> List[float]:
-    """Seconds of one ``fn()`` per repetition after one untimed warm-up: every repetition
-    starts at a barrier, so the ranks start together, and runs ``fn`` ``inner`` times back
-    to back (short collectives: the ranks' skew leaving the barrier is spread over them)."""
+def _timed(fn, repeats: int, before=None) -> List[float]:
+    """Seconds of ``fn()`` per repetition after one untimed warm-up; every repetition starts
+    at a barrier, so the ranks start together. (Running a short collective several times back
+    to back per repetition, to spread the ranks' skew leaving the barrier, measured slower
+    and noisier with gloo on a loaded host, so each repetition runs it once.)"""
     import torch.distributed as dist
 
     out = []
@@ -125,10 +127,9 @@ def _timed(fn, repeats: int, before=None, inner: int = 1) -> List[float]:
             before()
         dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
+        fn()
         if k:
-            out.append((time.perf_counter() - t0) / inner)
+            out.append(time.perf_counter() - t0)
     return out
 
 
@@ -165,6 +166,8 @@ def _measure(rank: int, world: int, spec: dict) -> dict:
 
     group = dist.group.WORLD
     peer = rank ^ 1
+    # Collectives are short and their times spread widely on a shared host: more repetitions.
+    comm_repeats = max(repeats, COMM_MIN_REPEATS)
     for size in spec["message_bytes"]:
         elements = size // 4
         full = torch.randn(elements - elements % world, generator=gen)
@@ -180,8 +183,7 @@ def _measure(rank: int, world: int, spec: dict) -> dict:
             ops["p2p"] = lambda: comm.exchange([(full, peer)] if pair else [], [(recv, peer)] if pair else [],
                                                group, spec["timeout"])
         for kind, fn in ops.items():
-            inner = max(1, min(16, (1 << 20) // size))
-            out["samples"].append(((kind, f"dp{world}", full.numel() * 4), _timed(fn, repeats, inner=inner)))
+            out["samples"].append(((kind, f"dp{world}", full.numel() * 4), _timed(fn, comm_repeats)))
     return out
 
 
@@ -323,7 +325,8 @@ def calibrate(config: Union[TransformerConfig, "_C.ModelConfig"], world: int = 2
     ``config``: the model to time (``hs.TransformerConfig``, or an ``hs.ModelConfig`` turned
     into one: fp32 when ``param_bytes`` is 4, else bf16). ``lengths``: tokens of the packed
     micro-batches (ints >= 8, at least two distinct, each <= the model's max positions).
-    ``repeats``: timed repetitions per sample (the median counts). ``timeout``: seconds for
+    ``repeats``: timed repetitions per sample (the median counts; collectives at least
+    ``COMM_MIN_REPEATS``). ``timeout``: seconds for
     the whole measurement (``TimeoutError`` past it). ``message_bytes``: sizes of the timed
     collectives (bytes of the full buffer, ints >= 1024). ``check_layouts``: layouts timed
     only to check the fit (default ``tp{world}`` and ``pp{world}`` where the model divides;

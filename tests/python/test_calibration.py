@@ -108,6 +108,17 @@ def test_cli_writes_a_profile(tmp_path, capsys):
     assert profile.memory_bytes == 40 << 30 and profile.efficiency > 0
 
 
+def test_a_cost_config_is_timed_as_its_transformer():
+    model = hs.ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                           ffn_hidden_size=176, vocab_size=256, param_bytes=4)
+    profile, report = hs.calibrate(model, lengths=[16, 40], repeats=1, message_bytes=[4096, 65536],
+                                   check_layouts=[], memory_bytes=1 << 30, peak_flops=1e12, name="cpu")
+    assert profile.name == "cpu" and profile.memory_bytes == 1 << 30
+    assert profile.peak_flops >= 1e12 and report["peak_flops_source"] == "argument"
+    assert report["check_error_median"] is None and report["check_layouts"] == []
+    assert {s["role"] for s in report["samples"]} == {"fit"}
+
+
 def test_nnls_is_exact_on_a_consistent_system():
     rng = np.random.default_rng(0)
     a = rng.uniform(0.1, 1.0, size=(12, 4))
