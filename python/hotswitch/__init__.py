@@ -46,6 +46,7 @@ from hotswitch.model import (  # noqa: E402
 from hotswitch.runtime import PhaseResult, Runtime, StepResult  # noqa: E402
 from hotswitch.checkpoint import CheckpointError  # noqa: E402
 from hotswitch.distributed import init_distributed  # noqa: E402
+from hotswitch.calibrate import calibrate  # noqa: E402
 
 __all__ = [
     "CheckpointError",
@@ -70,6 +71,7 @@ __all__ = [
     "TensorSet",
     "Topology",
     "TransformerConfig",
+    "calibrate",
     "count_targets",
     "get_logger",
     "init_distributed",

@@ -1,0 +1,240 @@
+"""The per-step planner: planning time, distance to the MILP optimum, simulated speedup.
+
+LLaMA-7B on A800 nodes of 8 GPUs (``--hardware``: a preset or a profile JSON, e.g. from
+``python -m hotswitch.calibration``), every (dp, tp, pp) layout the model divides as a
+candidate, max context 32K (longer documents truncated), switch costs from redistribution
+plans (up to 64 GPUs) or receive volumes (``hotswitch.plan.switch_costs``). Lengths: every
+``*.lengths`` file of ``--data-dir`` (default ``../shared/data`` beside the repository), or,
+when there is none, the Python standard library's files (``hotswitch.lengths``).
+
+- Planning time: median wall time of ``Planner.plan`` for steps of 1024 sequences on 32 GPUs
+  and of 4096 sequences on 256 GPUs, drawn from each distribution (pooled, and per
+  distribution).
+- Gap to the optimum: random small steps (12-24 sequences from the distributions, 5 layouts
+  of 8 GPUs with a 48 GiB budget so long sequences need tensor or pipeline parallelism,
+  switch costs from plans, every home) solved by the MILP over arbitrary assignments
+  (``hotswitch.milp``, CBC); over the steps where CBC proves optimality,
+  ``ours / optimum - 1`` of the planner's objective J, and CBC's time.
+- Simulation (``hotswitch.plan.simulate``): per distribution and 8, 32, 256 GPUs, steps of
+  16 sequences per GPU; predicted tokens/s of hot switching over the best static layout of
+  each step (a per-step choice, run as its own home: stronger than any layout fixed for the
+  run), over the home layout fixed for the run (the best static layout for a batch that must
+  hold the max context, as ``hotswitch.plan`` picks it), and the share of the step spent
+  switching.
+
+    /usr/bin/python3 -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+
+import hotswitch as hs
+from hotswitch import milp
+from hotswitch import plan as planning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_DATA_DIR = os.path.join(ROOT, "..", "shared", "data")
+MODEL = "llama-7b"
+GPUS_PER_NODE = 8
+MAX_CONTEXT = 32768
+SIM_GPUS = (8, 32, 256)
+SEQUENCES_PER_GPU = 16
+MILP_LAYOUTS = ["dp8", "dp4tp2", "dp2tp4", "tp8", "dp4pp2"]
+MILP_MEMORY_GIB = 48
+OPTIONS = dict(max_context=MAX_CONTEXT, long_sequences="truncate")
+
+
+def load_distributions(data_dir: str) -> dict:
+    """{name: lengths} of every ``*.lengths`` file in ``data_dir``; the standard library's
+    files (written by ``hotswitch.lengths``) when there is none."""
+    files = sorted(f for f in os.listdir(data_dir) if f.endswith(".lengths")) if os.path.isdir(data_dir) else []
+    if files:
+        return {f[: -len(".lengths")]: planning.load_lengths(os.path.join(data_dir, f)) for f in files}
+    print(f"no *.lengths files in {data_dir}; using the Python standard library's files", file=sys.stderr)
+    from hotswitch import lengths as lengths_cli
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "stdlib.lengths")
+        lengths_cli.main(["-o", path])
+        return {"stdlib": planning.load_lengths(path)}
+
+
+class Setups:
+    """Planners per (GPUs, home), their switch costs built once per world and home."""
+
+    def __init__(self, hardware):
+        self.model = hs.ModelConfig.preset(MODEL)
+        self.hardware = hardware
+        self.planners = {}
+        self.caches = {}
+
+    def home(self, gpus: int, batch) -> int:
+        """The layout a Megatron-LM user would fix: the best static one for a batch that
+        must hold the max context (as ``python -m hotswitch.plan`` picks it)."""
+        topology = hs.Topology(gpus, GPUS_PER_NODE)
+        candidates = planning.auto_candidates(self.model, gpus)
+        n = len(candidates)
+        probe = hs.Planner(hs.CostModel(self.model, self.hardware, topology, zero=True), candidates, 0,
+                           [[0.0] * n for _ in range(n)], [0.0] * n, **OPTIONS)
+        return probe.plan([min(s, MAX_CONTEXT) for s in batch] + [MAX_CONTEXT])["best_static"]
+
+    def planner(self, gpus: int, home: int):
+        key = (gpus, home)
+        if key not in self.planners:
+            topology = hs.Topology(gpus, GPUS_PER_NODE)
+            candidates = planning.auto_candidates(self.model, gpus)
+            t0 = time.perf_counter()
+            self.planners[key] = planning.build_planner(self.model, self.hardware, topology, candidates, home,
+                                                        **OPTIONS)
+            print(f"  {gpus} GPUs: {len(candidates)} candidates, home {candidates[home].name}, switch costs in "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return self.planners[key]
+
+
+def p50(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def plan_times(setups, dists, gpus, sequences, steps, seed):
+    """Median ms of Planner.plan per distribution and pooled."""
+    per, pooled = {}, []
+    for name, lengths in dists.items():
+        rng = random.Random(seed)
+        batches = [[rng.choice(lengths) for _ in range(sequences)] for _ in range(steps + 1)]
+        planner = setups.planner(gpus, setups.home(gpus, batches[0]))
+        planner.plan(batches[0])  # warm-up
+        times = []
+        for batch in batches[1:]:
+            t0 = time.perf_counter()
+            planner.plan(batch)
+            times.append((time.perf_counter() - t0) * 1e3)
+        per[name] = p50(times)
+        pooled += times
+    return p50(pooled), per
+
+
+def milp_gaps(dists, hardware, cases, time_limit, seed):
+    """Gap of the planner's objective to CBC's proven optimum on small random steps."""
+    model = hs.ModelConfig.preset(MODEL)
+    hw = hs.HardwareProfile.from_dict(dict(hardware.to_dict(), memory_bytes=MILP_MEMORY_GIB << 30))
+    topology = hs.Topology(8, GPUS_PER_NODE)
+    layouts = [hs.Layout.parse(n) for n in MILP_LAYOUTS]
+    costs = {}
+    rng = random.Random(seed)
+    names = sorted(dists)
+    gaps, milp_ms, unproven, tried = [], [], 0, 0
+    while len(gaps) < cases and tried < 3 * cases:
+        home = tried % len(layouts)
+        if home not in costs:
+            costs[home] = planning.switch_costs(model, hw, topology, layouts, home, method="plans")
+        planner = planning.build_planner(model, hw, topology, layouts, home, costs=costs[home], exact_fallback=False)
+        holds = max(planner.micro_batch_budget(i) for i in range(len(layouts)))
+        lengths = dists[names[tried % len(names)]]
+        step = [min(rng.choice(lengths), holds) for _ in range(rng.randint(12, 24))]
+        tried += 1
+        plan = planner.plan(step)
+        assignment = [None] * len(plan["pieces"])
+        for ph in plan["phases"]:
+            for i in ph["sequences"]:
+                assignment[i] = ph["candidate"]
+        pieces = [p[2] for p in plan["pieces"]]
+        ours = planner.objective(pieces, assignment)["total_s"]
+        result = milp.solve(planner, pieces, time_limit=time_limit, start=assignment)
+        if not result["optimal"]:
+            unproven += 1
+            continue
+        optimum = planner.objective(pieces, result["assignment"])["total_s"]
+        gaps.append(ours / optimum - 1)
+        milp_ms.append(result["solve_s"] * 1e3)
+    return gaps, milp_ms, unproven, tried
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer steps and MILP cases (under two minutes)")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="directory of *.lengths files")
+    parser.add_argument("--hardware", default="a800", help="a preset name or a profile FILE.json")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        hardware = planning.load_hardware(args.hardware)
+    except ValueError as e:
+        parser.error(str(e))
+    start = time.perf_counter()
+    timing_steps, sim_steps = (5, 3) if args.quick else (20, 10)
+    cases, time_limit = (8, 30.0) if args.quick else (24, 120.0)
+
+    dists = load_distributions(args.data_dir)
+    print(f"distributions: {', '.join(f'{n} ({len(l)} documents)' for n, l in dists.items())}; "
+          f"{MODEL} on {hardware.name}, max context {MAX_CONTEXT}")
+    setups = Setups(hardware)
+    out = {"model": MODEL, "hardware": hardware.name, "distributions": sorted(dists)}
+
+    ms32, per32 = plan_times(setups, dists, 32, 1024, timing_steps, args.seed)
+    ms256, per256 = plan_times(setups, dists, 256, 4096, timing_steps, args.seed)
+    out["plan_ms_p50_1024seq_32gpu"] = ms32
+    out["plan_ms_p50_4096seq_256gpu"] = ms256
+    out["plan_ms_p50_by_distribution"] = {"1024seq_32gpu": per32, "4096seq_256gpu": per256}
+    print(f"planning: 1024 sequences on 32 GPUs {ms32:.1f} ms, 4096 on 256 GPUs {ms256:.1f} ms (median of "
+          f"{timing_steps} steps per distribution)")
+
+    gaps, milp_ms, unproven, tried = milp_gaps(dists, hardware, cases, time_limit, args.seed)
+    gaps_sorted = sorted(gaps)
+    out["milp_cases"] = len(gaps)
+    out["milp_unproven"] = unproven
+    out["gap_vs_milp_median"] = p50(gaps_sorted)
+    out["gap_vs_milp_max"] = max(gaps) if gaps else float("nan")
+    out["milp_ms_median"] = p50(milp_ms)
+    print(f"MILP: {len(gaps)} steps proven optimal ({unproven} not within {time_limit:.0f} s, {tried} tried); "
+          f"gap of the planner median {out['gap_vs_milp_median']:.2%}, max {out['gap_vs_milp_max']:.2%}; "
+          f"CBC median {out['milp_ms_median']:.0f} ms")
+
+    speedup, share, layouts, vs_home = {}, {}, {}, {}
+    print(f"{'distribution':<14}{'GPUs':>6}{'batch':>7}{'hot tok/s':>13}{'static tok/s':>14}{'speedup':>9}"
+          f"{'vs home':>9}{'switching':>11}  layouts used (phases)")
+    for name, lengths in dists.items():
+        speedup[name], share[name], layouts[name] = {}, {}, {}
+        for gpus in SIM_GPUS:
+            batch = SEQUENCES_PER_GPU * gpus
+            rng = random.Random(args.seed)
+            home = setups.home(gpus, [rng.choice(lengths) for _ in range(batch)])
+            planner = setups.planner(gpus, home)
+            sim = planning.simulate(planner, lengths, sim_steps, batch, seed=args.seed + 1)
+            # The same steps under the home layout alone: a layout fixed for the whole run.
+            fixed = hs.Planner(planner.cost, [planner.candidates[home]], 0, [[0.0]], [0.0], **OPTIONS)
+            fixed_s = planning.simulate(fixed, lengths, sim_steps, batch, seed=args.seed + 1)["hot_s"]
+            vs_home.setdefault(name, {})[str(gpus)] = fixed_s / sim["hot_s"]
+            speedup[name][str(gpus)] = sim["static_s"] / sim["hot_s"]
+            share[name][str(gpus)] = sim["switch_s"] / sim["hot_s"]
+            used = sorted(sim["layouts"].items(), key=lambda kv: -kv[1])
+            layouts[name][str(gpus)] = dict(used)
+            print(f"{name:<14}{gpus:>6}{batch:>7}{sim['tokens'] / sim['hot_s']:>13,.0f}"
+                  f"{sim['tokens'] / sim['static_s']:>14,.0f}{speedup[name][str(gpus)]:>8.2f}x"
+                  f"{vs_home[name][str(gpus)]:>8.2f}x"
+                  f"{share[name][str(gpus)]:>11.1%}  " + " ".join(f"{l}:{c}" for l, c in used[:6]))
+    out["sim_steps"] = sim_steps
+    out["sim_speedup_vs_static"] = speedup
+    out["sim_switch_share"] = share
+    out["sim_speedup_vs_home"] = vs_home
+    out["seconds"] = time.perf_counter() - start
+
+    def rounded(v):
+        if isinstance(v, float):
+            return float(f"{v:.4g}") if math.isfinite(v) else None
+        if isinstance(v, dict):
+            return {k: rounded(x) for k, x in v.items()}
+        return v
+
+    print("RESULT " + json.dumps(rounded(out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
