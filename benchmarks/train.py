@@ -98,17 +98,19 @@ def _static_candidates(a, world: int):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="fewer steps, the planner's static pick only")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 12; quick 5)")
+    p.add_argument("--quick", action="store_true",
+                   help="4 steps of 16 sequences, the planner's static pick only (under two minutes)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 12; quick 4)")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the figures")
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--seq-length", type=int, default=1024)
-    p.add_argument("--global-batch-size", type=int, default=32)
+    p.add_argument("--global-batch-size", type=int, default=None, help="sequences per step (default 32; quick 16)")
     p.add_argument("--budget-mb", type=float, default=26.0, help="per-rank memory budget the plans respect")
     a = p.parse_args(argv)
-    a.steps = a.steps or (5 if a.quick else 12)
+    a.steps = a.steps or (4 if a.quick else 12)
+    a.global_batch_size = a.global_batch_size or (16 if a.quick else 32)
     if a.steps <= a.warmup:
         p.error(f"--steps({a.steps}) must exceed --warmup({a.warmup})")
     start = time.monotonic()
