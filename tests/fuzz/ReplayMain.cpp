@@ -1,6 +1,7 @@
 // The main of a fuzz target built without libFuzzer (g++): runs the target once on every file
 // named on the command line or found in a directory named there, in sorted order.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
