@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <limits>
 
 #include "common/Check.h"
 
@@ -39,6 +41,14 @@ Layout::Layout(int dp, int tp, int pp, int cp, Order order) : order_(order) {
   for (int a = 0; a < kNumAxes; ++a) {
     HS_CHECK(degrees_[a] >= 1, axisName(static_cast<Axis>(a)), " degree must be >= 1, got ",
              degrees_[a]);
+  }
+  // The world is an int: reject degrees whose product does not fit before anything
+  // multiplies them.
+  int64_t world = 1;
+  for (int a = 0; a < kNumAxes; ++a) {
+    world *= degrees_[a];
+    HS_CHECK(world <= std::numeric_limits<int>::max(), "dp(", dp, ") * tp(", tp, ") * pp(", pp, ") * cp(", cp,
+             ") exceeds the largest world (", std::numeric_limits<int>::max(), ")");
   }
   std::array<bool, kNumAxes> seen{};
   for (Axis axis : order) {

@@ -31,8 +31,8 @@ class Layout {
   using Order = std::array<Axis, kNumAxes>;  // fastest-varying axis first
   static Order megatronOrder() { return {Axis::kTp, Axis::kCp, Axis::kDp, Axis::kPp}; }
 
-  // Throws InvalidArgument unless every degree is >= 1 and order is a permutation of the
-  // four axes.
+  // Throws InvalidArgument unless every degree is >= 1, their product (the world) fits in an
+  // int, and order is a permutation of the four axes.
   Layout(int dp, int tp, int pp, int cp = 1, Order order = megatronOrder());
 
   // Parses "dp2tp4", "tp2pp2", "dp8" (missing axes are 1), optionally followed by an

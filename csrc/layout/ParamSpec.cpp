@@ -59,8 +59,14 @@ int ParamSpec::splitDim() const {
 
 void ParamSpec::validate() const {
   HS_CHECK(!name.empty(), "param spec needs a non-empty name");
+  int64_t bytes = elementSize(dtype);
   for (int64_t s : shape) {
     HS_CHECK(s >= 1, "param '", name, "': shape ", shape, " has a dim < 1");
+    // Element counts and byte offsets are int64 everywhere: bound the size before anything
+    // multiplies the dims (s >= 1, so the quotient below never rounds a fitting size away).
+    HS_CHECK(s <= kMaxParamBytes / bytes, "param '", name, "': shape ", shape, " of ", dtypeName(dtype),
+             " exceeds the largest parameter, ", kMaxParamBytes, " bytes");
+    bytes *= s;
   }
   int dim = splitDim();
   HS_CHECK(dim < static_cast<int>(shape.size()), "param '", name, "': rule ", shardRuleName(rule),

@@ -37,6 +37,10 @@ enum class StageRole { kLayer = 0, kFirst, kLast, kFirstAndLast };
 const char* stageRoleName(StageRole role);
 StageRole parseStageRole(const std::string& name);
 
+// The largest parameter, in bytes (256 TiB): element counts and byte offsets of whole tensor
+// sets stay far inside int64.
+constexpr int64_t kMaxParamBytes = int64_t{1} << 48;
+
 struct ParamSpec {
   std::string name;
   Shape shape;
@@ -50,7 +54,8 @@ struct ParamSpec {
   int64_t bytes() const { return numel() * elementSize(dtype); }
   // The split dim of the rule, or -1 for kReplicated.
   int splitDim() const;
-  // Throws InvalidArgument naming the spec when it is malformed.
+  // Throws InvalidArgument naming the spec when it is malformed (including a size over
+  // kMaxParamBytes).
   void validate() const;
   std::string toString() const;
 };

@@ -1,5 +1,8 @@
 #include "planner/HardwareProfile.h"
 
+#include <cmath>
+#include <utility>
+
 #include "common/Check.h"
 
 namespace hotswitch {
@@ -46,6 +49,13 @@ std::vector<std::string> HardwareProfile::presetNames() {
 }
 
 void HardwareProfile::validate() const {
+  // An infinite rate or latency would turn the cost model's sums into inf - inf = NaN.
+  const std::pair<const char*, double> fields[] = {
+      {"peak_flops", peakFlops}, {"efficiency", efficiency}, {"attention_efficiency", attentionEfficiency},
+      {"intra_node_bandwidth", intraNodeBandwidth}, {"inter_node_bandwidth", interNodeBandwidth},
+      {"intra_node_latency", intraNodeLatency}, {"inter_node_latency", interNodeLatency},
+      {"layer_overhead_seconds", layerOverheadSeconds}, {"sequence_overhead_seconds", sequenceOverheadSeconds}};
+  for (const auto& [field, value] : fields) HS_CHECK(std::isfinite(value), field, " must be finite, got ", value);
   HS_CHECK(peakFlops > 0, "peak_flops must be > 0, got ", peakFlops);
   HS_CHECK(efficiency > 0 && efficiency <= 1, "efficiency must be in (0, 1], got ", efficiency);
   HS_CHECK(attentionEfficiency > 0 && attentionEfficiency <= 1, "attention_efficiency must be in (0, 1], got ",

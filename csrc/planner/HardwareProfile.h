@@ -33,7 +33,7 @@ struct HardwareProfile {
 
   double achievedFlops() const { return peakFlops * efficiency; }
   double achievedAttentionFlops() const { return peakFlops * attentionEfficiency; }
-  // Throws InvalidArgument naming the first non-positive or out-of-range field.
+  // Throws InvalidArgument naming the first non-finite, non-positive or out-of-range field.
   void validate() const;
 };
 

@@ -48,6 +48,9 @@ Packing Packer::pack(const std::vector<int64_t>& lengths, int replicas, const Pa
     HS_CHECK(lengths[i] <= options.maxTokensPerMicroBatch, "sequence ", i, " of length ", lengths[i],
              " exceeds the micro-batch budget of ", options.maxTokensPerMicroBatch, " tokens");
     costs[i] = cost(lengths[i]);
+    // NaN would break the ordering of the load sets below.
+    HS_CHECK(std::isfinite(costs[i]) && costs[i] >= 0, "sequence ", i, " of length ", lengths[i],
+             " has predicted cost ", costs[i], ", expected finite and >= 0");
   }
   std::vector<int> all(lengths.size());
   std::iota(all.begin(), all.end(), 0);

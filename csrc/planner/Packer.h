@@ -39,7 +39,8 @@ class Packer {
   using CostFn = std::function<double(int64_t)>;
 
   // Throws InvalidArgument for replicas < 1, a budget < 1, a negative target, a length < 1,
-  // or a sequence longer than the budget (naming its index and length).
+  // a sequence longer than the budget (naming its index and length), or a cost that is
+  // negative or not finite.
   static Packing pack(const std::vector<int64_t>& lengths, int replicas, const PackOptions& options,
                       const CostFn& cost);
 

@@ -14,6 +14,7 @@ namespace hotswitch {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+__extension__ typedef __int128 Wide;  // exact sums of squared lengths
 // The best static layout is packed exactly among those whose estimate is this close to the
 // best estimate.
 constexpr double kStaticShortlist = 1.05;
@@ -384,11 +385,12 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return len[a] < len[b]; });
   std::vector<int64_t> sorted(n);
   for (int i = 0; i < n; ++i) sorted[i] = len[order[i]];
-  // Exact prefix sums of tokens and squares over the sorted pieces.
-  std::vector<int64_t> tokens(n + 1, 0), squares(n + 1, 0);
+  // Exact prefix sums of tokens and squares over the sorted pieces, in 128 bits: a piece may
+  // be as long as a budget allows (up to 2^40 tokens), and its square overflows int64.
+  std::vector<Wide> tokens(n + 1, 0), squares(n + 1, 0);
   for (int i = 0; i < n; ++i) {
     tokens[i + 1] = tokens[i] + sorted[i];
-    squares[i + 1] = squares[i] + sorted[i] * sorted[i];
+    squares[i + 1] = squares[i] + static_cast<Wide>(sorted[i]) * sorted[i];
   }
 
   const std::vector<bool> alive = undominated(shortest, longest);
@@ -409,7 +411,7 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
       cuts.push_back(static_cast<int>(static_cast<int64_t>(n) * k / q));
       const double work = static_cast<double>(squares[n]) * k / q;
       cuts.push_back(static_cast<int>(std::lower_bound(squares.begin(), squares.end(), work,
-                                                       [](int64_t a, double b) { return static_cast<double>(a) < b; }) -
+                                                       [](Wide a, double b) { return static_cast<double>(a) < b; }) -
                                       squares.begin()));
     }
     for (int l : layouts) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "TestUtil.h"
 #include "common/Check.h"
 
@@ -178,6 +180,22 @@ TEST(CostModelTest, PresetsFromDataSheets) {
   EXPECT_DOUBLE_EQ(h200.interNodeBandwidth, 50e9);
   EXPECT_DOUBLE_EQ(HardwareProfile::preset("a800").intraNodeBandwidth, 200e9);
   for (const auto& name : ModelConfig::presetNames()) EXPECT_NO_THROW(ModelConfig::preset(name).validate());
+}
+
+// Found by the planner fuzzer: an infinite latency passed validation and made the cost of a
+// micro-batch inf - inf = NaN; every rate, latency and overhead must be finite.
+TEST(CostModelTest, RejectsInfiniteHardwareFigures) {
+  const double inf = std::numeric_limits<double>::infinity();
+  HardwareProfile h = unitHardware();
+  h.interNodeLatency = inf;
+  EXPECT_NE(testing::invalidArgumentMessage([&] { h.validate(); }).find("inter_node_latency must be finite, got inf"),
+            std::string::npos);
+  h = unitHardware();
+  h.peakFlops = inf;
+  EXPECT_THROW(h.validate(), InvalidArgument);
+  h = unitHardware();
+  h.layerOverheadSeconds = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(CostModel(tiny(), h, Topology(2, 2)), InvalidArgument);
 }
 
 }  // namespace

@@ -67,6 +67,15 @@ TEST(LayoutTest, BadInputNamesTheValue) {
   EXPECT_NE(message([] { Layout(2, 2, 1).coord(4); }).find("rank 4"), std::string::npos);
 }
 
+// Found by the plan fuzzer: degrees whose product overflowed int made world() undefined.
+TEST(LayoutTest, RejectsDegreesWhoseWorldOverflows) {
+  EXPECT_EQ(testing::invalidArgumentMessage([] { Layout(589824, 1048576, 1); }),
+            "dp(589824) * tp(1048576) * pp(1) * cp(1) exceeds the largest world (2147483647)");
+  EXPECT_THROW(Layout::parse("dp999999tp999999"), InvalidArgument);
+  EXPECT_THROW(Layout(65536, 65536, 65536, 65536), InvalidArgument);
+  EXPECT_EQ(Layout(46340, 46340, 1).world(), 46340 * 46340);
+}
+
 TEST(LayoutTest, EnumerateCoversEveryFactorization) {
   EXPECT_EQ(Layout::enumerate(1).size(), 1u);
   EXPECT_EQ(Layout::enumerate(8).size(), 10u);   // ordered factorizations of 2^3 into 3

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "TestUtil.h"
@@ -113,6 +114,13 @@ TEST(PackerTest, RejectsWhatCannotBePacked) {
             std::string::npos);
   EXPECT_NE(message([] { Packer::pack({10}, 0, {4096, 1}, quadratic); }).find("replicas must be >= 1, got 0"),
             std::string::npos);
+  // Found by the planner fuzzer: a NaN cost broke the ordering of the load sets (the packer
+  // never returned); costs must be finite and >= 0.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_NE(message([&] { Packer::pack({10, 20}, 2, {4096, 1}, [&](int64_t s) { return s == 20 ? nan : 1.0; }); })
+                .find("sequence 1 of length 20 has predicted cost nan, expected finite and >= 0"),
+            std::string::npos);
+  EXPECT_THROW(Packer::pack({10}, 1, {4096, 1}, [](int64_t) { return -1.0; }), InvalidArgument);
   Packing empty = Packer::pack({}, 4, {4096, 1}, quadratic);
   for (const auto& r : empty.microBatches) EXPECT_TRUE(r.empty());
 }

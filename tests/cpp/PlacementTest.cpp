@@ -123,5 +123,30 @@ TEST(PlacementTest, RejectsUnevenSplitsAndTooManyStages) {
   EXPECT_THROW(Placement::make(mixed, Layout(2, 1, 1), PlacementKind::kZero), InvalidArgument);
 }
 
+// Found by the plan fuzzer: a shape whose element count overflowed int64 made placing it
+// undefined; such specs are rejected up front.
+TEST(PlacementTest, RejectsParamsTooLargeToIndex) {
+  TensorSet set;
+  ParamSpec huge;
+  huge.name = "huge";
+  huge.shape = {96, int64_t{1} << 57};
+  set.specs.push_back(huge);
+  for (PlacementKind kind : {PlacementKind::kSharded, PlacementKind::kZero}) {
+    try {
+      Placement::make(set, Layout(2, 1, 1), kind);
+      FAIL() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("param 'huge': shape [96, 144115188075855872] of float32 exceeds the "
+                                           "largest parameter, 281474976710656 bytes"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  set.specs[0].shape = {int64_t{1} << 24, int64_t{1} << 23};  // 2^49 bytes at fp32
+  EXPECT_THROW(set.validate(), InvalidArgument);
+  set.specs[0].dtype = DType::kFloat16;  // exactly 2^48 bytes
+  EXPECT_NO_THROW(set.validate());
+}
+
 }  // namespace
 }  // namespace hotswitch

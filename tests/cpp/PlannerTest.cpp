@@ -331,5 +331,30 @@ TEST(PlannerTest, RejectsWhatNoLayoutHolds) {
   EXPECT_THROW(Planner(s.cost, {Layout(2, 2, 1)}, 0, SwitchCosts{{{0}}, {0}, {}}), InvalidArgument);  // world 4 != 8
 }
 
+// Found by the planner fuzzer: with memory for billions of tokens, the squared lengths of
+// the program's prefix sums overflowed int64 and the buckets were costed with negative work.
+TEST(PlannerTest, HugeSequencesDoNotOverflowThePrefixSums) {
+  HardwareProfile hw = unitHardware();
+  hw.memoryBytes = int64_t{1} << 62;
+  PlannerOptions options;
+  options.exactFallback = false;
+  Planner p(CostModel(tinyModel(), hw, Topology(2, 2)), {Layout(2, 1, 1), Layout(1, 2, 1)}, 0,
+            SwitchCosts{uniformSwitches(2, 0.5), {0, 0}, {}}, options);
+  const int64_t s = 3037000500;  // s * s > INT64_MAX
+  ASSERT_GE(p.microBatchBudget(0), s);
+  StepPlan plan = p.plan({s, s, 7});
+  EXPECT_GT(plan.programSeconds, 0);
+  EXPECT_LE(plan.objectiveSeconds, plan.programSeconds * (1 + 1e-12));
+  std::vector<int64_t> lengths;
+  std::vector<int> assignment;
+  for (const PlannedPhase& phase : plan.phases) {
+    for (int i : phase.sequences) {
+      lengths.push_back(plan.pieces[i].length);
+      assignment.push_back(phase.candidate);
+    }
+  }
+  EXPECT_NEAR(p.objective(lengths, assignment).totalSeconds, plan.objectiveSeconds, 1e-9 * plan.objectiveSeconds);
+}
+
 }  // namespace
 }  // namespace hotswitch

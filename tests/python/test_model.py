@@ -222,6 +222,7 @@ def test_micro_batch_targets():
     assert [len(r) for r in hs.split_replicas([mb] * 5, 2)] == [3, 2]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_nccl_training_matches_cpu_reference(references):
     gpus = torch.cuda.device_count()
