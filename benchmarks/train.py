@@ -70,6 +70,7 @@ def _static_candidates(a, world: int):
     predicts fastest for a batch of such sequences."""
     import hotswitch as hs
     from hotswitch import _C
+    from hotswitch.plan import auto_candidates
 
     with open(PROFILE) as f:
         fields = dict(json.load(f), memory_bytes=int(a.budget_mb * 2**20))
@@ -78,13 +79,7 @@ def _static_candidates(a, world: int):
     cfg = hs.TransformerConfig(num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=4,
                                num_query_groups=4, ffn_hidden_size=ffn, vocab_size=384,
                                max_position_embeddings=a.seq_length)
-    layouts = []
-    for layout in hs.Layout.enumerate(world):
-        try:
-            cfg.validate(layout)
-        except ValueError:
-            continue
-        layouts.append(layout)
+    layouts = auto_candidates(cfg.cost_config(), world)
     n = len(layouts)
     cost = hs.CostModel(cfg.cost_config(), hw, hs.Topology(world, world))
     planner = hs.Planner(cost, layouts, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)

@@ -143,12 +143,10 @@ class OnlineCalibration:
         active = [i for i in range(x.shape[1]) if np.any(np.abs(x[:, i]) > 1e-12)]
         scale = np.ones(x.shape[1])
         weights = 1.0 / measured  # relative errors
-        for _ in range(len(active) + 1):
-            if not active:
-                break
+        while active:
+            pinned = [i for i in range(x.shape[1]) if i not in active]
             a = x[:, active] * weights[:, None]
-            b = (measured - rest - x[:, [i for i in range(x.shape[1]) if i not in active]]
-                 @ scale[[i for i in range(x.shape[1]) if i not in active]]) * weights
+            b = (measured - rest - x[:, pinned] @ scale[pinned]) * weights
             lam = self.ridge * float(np.mean(a * a)) * len(measured)
             lhs = a.T @ a + lam * np.eye(len(active))
             rhs = a.T @ b + lam * np.ones(len(active))

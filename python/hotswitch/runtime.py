@@ -199,6 +199,7 @@ class Runtime:
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
         self.home = self._home(home, free)
         self._costs = None
+        self._switch_scale = 1.0  # measured / planned switch seconds (online re-calibration)
         self.planner = self._build_planner()
 
         # Collective from here on: the same order on every rank.
@@ -225,7 +226,6 @@ class Runtime:
         self.prediction_errors: List[float] = []
         self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
-        self._switch_scale = 1.0
         self._overhead_s = 0.0
         self._optimizer_s = 0.0  # the last step's, for the next step's overhead observation
 
@@ -286,7 +286,7 @@ class Runtime:
         if self._costs is None:
             self._costs = self._switch_costs()
         params, reduced, partial = self._costs
-        scale = getattr(self, "_switch_scale", 1.0)
+        scale = self._switch_scale
         params = [[c * scale for c in row] for row in params]
         reduced = [c * scale for c in reduced]
         partial = [c * scale for c in partial]
@@ -549,19 +549,18 @@ class Runtime:
         """Feeds the step's slowest-rank times to the online calibration (from the second step
         on: the first runs each layout cold) and fits the cost model; the fit is agreed on and
         used at the next step."""
-        if self.calibration is None:
+        if self.calibration is None or self.step < 2:
             return
-        if self.step >= 2:
-            parts = times[2:]
-            for k, ph in enumerate(plan["phases"]):
-                compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
-                batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph["micro_batches"]]
-                self.calibration.observe_phase(ph["layout"], batches, compute_s)
-                # Planned at the current scale; the home phase's own reduction is planned as 0.
-                self.calibration.observe_switch(ph["switch_in_s"] / self._switch_scale, switch_s)
-                self.calibration.observe_switch(ph["grad_s"] / self._switch_scale, grad_s)
-            self.calibration.observe_overhead(times[0] - sum(parts) + (times[1] if self.step > 2 else 0.0))
-        fit = self.calibration.fit(self.hardware) if self.step >= 2 else None
+        parts = times[2:]
+        for k, ph in enumerate(plan["phases"]):
+            compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
+            batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph["micro_batches"]]
+            self.calibration.observe_phase(ph["layout"], batches, compute_s)
+            # Planned at the current scale; the home phase's own reduction is planned as 0.
+            self.calibration.observe_switch(ph["switch_in_s"] / self._switch_scale, switch_s)
+            self.calibration.observe_switch(ph["grad_s"] / self._switch_scale, grad_s)
+        self.calibration.observe_overhead(times[0] - sum(parts) + (times[1] if self.step > 2 else 0.0))
+        fit = self.calibration.fit(self.hardware)
         if fit is None:
             return
         d = fit.hardware.to_dict()

@@ -11,6 +11,7 @@
 
 #include "PlanDump.h"
 #include "TestModels.h"
+#include "TestUtil.h"
 #include "planner/Planner.h"
 #include "redistribute/PlanCache.h"
 
@@ -19,6 +20,7 @@ namespace {
 
 using testing::dumpPlan;
 using testing::dumpStepPlan;
+using testing::longTailed;
 using testing::transformerSet;
 
 struct PairKey {
@@ -72,14 +74,6 @@ TEST(DeterminismTest, RedistributionPlansAreTheSameInAnyOrderAndCache) {
     const Placement to = Placement::make(set, pairs[i].to, pairs[i].toKind);
     EXPECT_EQ(first[i], dumpPlan(RedistributionPlan::build(set, from, to, topo)));
   }
-}
-
-std::vector<int64_t> longTailed(int n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::lognormal_distribution<double> dist(6.5, 1.3);
-  std::vector<int64_t> out;
-  for (int i = 0; i < n; ++i) out.push_back(std::clamp<int64_t>(static_cast<int64_t>(dist(gen)), 1, 32768));
-  return out;
 }
 
 Planner makePlanner() {

@@ -13,6 +13,8 @@
 namespace hotswitch {
 namespace {
 
+using testing::longTailed;
+
 // LLaMA-7B on 8 A800s of one node, ZeRO, the layouts a user would try.
 struct Fixture {
   CostModel cost{ModelConfig::preset("llama-7b"), HardwareProfile::preset("a800"), Topology(8, 8),
@@ -30,14 +32,6 @@ struct Fixture {
     return Planner(cost, layouts, home, SwitchCosts{sw, grad, {}});
   }
 };
-
-std::vector<int64_t> longTailed(int n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::lognormal_distribution<double> dist(6.5, 1.3);
-  std::vector<int64_t> out;
-  for (int i = 0; i < n; ++i) out.push_back(std::clamp<int64_t>(static_cast<int64_t>(dist(gen)), 1, 32768));
-  return out;
-}
 
 TEST(PlannerTest, BudgetsGrowWithTensorParallelism) {
   Fixture s;
