@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import bad_inputs  # noqa: E402
 import fault_workers as fw  # noqa: E402
-from distributed import run_world  # noqa: E402
+from hotswitch.testing.harness import run_world  # noqa: E402
 
 TIMEOUT = 8.0
 SLACK = 20.0

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import hotswitch as hs
+from hotswitch.testing.reference import StaticTrainer
 
 LAYOUTS = ["dp4", "tp4", "pp4", "dp2tp2", "dp2pp2", "tp2pp2"]
 MODEL = dict(num_layers=4, hidden_size=128, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=352,
@@ -70,7 +71,7 @@ def _rank(rank, world, store, layouts, steps, reference, queue):
         layout = hs.Layout.parse(name)
         groups = hs.ParallelGroups(layout)
         model = hs.ParallelTransformer(cfg, layout, groups, seed=SEED)
-        trainer = hs.StaticTrainer(model, lr=LR, eps=EPS)
+        trainer = StaticTrainer(model, lr=LR, eps=EPS)
         losses, seconds, tokens = [], [], []
         for step in range(steps):
             batch = batches[step]

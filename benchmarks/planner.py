@@ -3,9 +3,9 @@
 LLaMA-7B on A800 nodes of 8 GPUs (``--hardware``: a preset or a profile JSON, e.g. from
 ``python -m hotswitch.calibration``), every (dp, tp, pp) layout the model divides as a
 candidate, max context 32K (longer documents truncated), switch costs from redistribution
-plans (up to 64 GPUs) or receive volumes (``hotswitch.plan.switch_costs``). Lengths: every
+plans (up to 64 GPUs) or receive volumes (``hotswitch.planner.switch_costs``). Lengths: every
 ``*.lengths`` file of ``--data-dir`` (default ``../shared/data`` beside the repository), or,
-when there is none, the Python standard library's files (``hotswitch.lengths``).
+when there is none, the Python standard library's files (``python -m hotswitch.cli.lengths``).
 
 - Planning time: median wall time of ``Planner.plan`` for steps of 1024 sequences on 32 GPUs
   and of 4096 sequences on 256 GPUs, drawn from each distribution (pooled, and per
@@ -13,13 +13,13 @@ when there is none, the Python standard library's files (``hotswitch.lengths``).
 - Gap to the optimum: random small steps (12-24 sequences from the distributions, 5 layouts
   of 8 GPUs with a 48 GiB budget so long sequences need tensor or pipeline parallelism,
   switch costs from plans, every home) solved by the MILP over arbitrary assignments
-  (``hotswitch.milp``, CBC); over the steps where CBC proves optimality,
+  (``hotswitch.analysis.milp``, CBC); over the steps where CBC proves optimality,
   ``ours / optimum - 1`` of the planner's objective J, and CBC's time.
-- Simulation (``hotswitch.plan.simulate``): per distribution and 8, 32, 256 GPUs, steps of
+- Simulation (``hotswitch.analysis.simulate``): per distribution and 8, 32, 256 GPUs, steps of
   16 sequences per GPU; predicted tokens/s of hot switching over the best static layout of
   each step (a per-step choice, run as its own home: stronger than any layout fixed for the
   run), over the home layout fixed for the run (the best static layout for a batch that must
-  hold the max context, as ``hotswitch.plan`` picks it), and the share of the step spent
+  hold the max context, as ``python -m hotswitch.cli.plan`` picks it), and the share of the step spent
   switching.
 
     /usr/bin/python3 -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
@@ -35,8 +35,11 @@ import tempfile
 import time
 
 import hotswitch as hs
-from hotswitch import milp
-from hotswitch import plan as planning
+from hotswitch.analysis import milp
+from hotswitch import planner as planning
+from hotswitch.analysis.simulate import simulate
+from hotswitch.data import load_lengths
+from hotswitch.hardware import load_hardware
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA_DIR = os.path.join(ROOT, "..", "shared", "data")
@@ -52,16 +55,16 @@ OPTIONS = dict(max_context=MAX_CONTEXT, long_sequences="truncate")
 
 def load_distributions(data_dir: str) -> dict:
     """{name: lengths} of every ``*.lengths`` file in ``data_dir``; the standard library's
-    files (written by ``hotswitch.lengths``) when there is none."""
+    files (written by ``python -m hotswitch.cli.lengths``) when there is none."""
     files = sorted(f for f in os.listdir(data_dir) if f.endswith(".lengths")) if os.path.isdir(data_dir) else []
     if files:
-        return {f[: -len(".lengths")]: planning.load_lengths(os.path.join(data_dir, f)) for f in files}
+        return {f[: -len(".lengths")]: load_lengths(os.path.join(data_dir, f)) for f in files}
     print(f"no *.lengths files in {data_dir}; using the Python standard library's files", file=sys.stderr)
-    from hotswitch import lengths as lengths_cli
+    from hotswitch.cli import lengths as lengths_cli
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "stdlib.lengths")
         lengths_cli.main(["-o", path])
-        return {"stdlib": planning.load_lengths(path)}
+        return {"stdlib": load_lengths(path)}
 
 
 class Setups:
@@ -75,7 +78,7 @@ class Setups:
 
     def home(self, gpus: int, batch) -> int:
         """The layout a Megatron-LM user would fix: the best static one for a batch that
-        must hold the max context (as ``python -m hotswitch.plan`` picks it)."""
+        must hold the max context (as ``python -m hotswitch.cli.plan`` picks it)."""
         topology = hs.Topology(gpus, GPUS_PER_NODE)
         candidates = planning.auto_candidates(self.model, gpus)
         n = len(candidates)
@@ -164,7 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        hardware = planning.load_hardware(args.hardware)
+        hardware = load_hardware(args.hardware)
     except ValueError as e:
         parser.error(str(e))
     start = time.perf_counter()
@@ -206,10 +209,10 @@ def main(argv=None) -> int:
             rng = random.Random(args.seed)
             home = setups.home(gpus, [rng.choice(lengths) for _ in range(batch)])
             planner = setups.planner(gpus, home)
-            sim = planning.simulate(planner, lengths, sim_steps, batch, seed=args.seed + 1)
+            sim = simulate(planner, lengths, sim_steps, batch, seed=args.seed + 1)
             # The same steps under the home layout alone: a layout fixed for the whole run.
             fixed = hs.Planner(planner.cost, [planner.candidates[home]], 0, [[0.0]], [0.0], **OPTIONS)
-            fixed_s = planning.simulate(fixed, lengths, sim_steps, batch, seed=args.seed + 1)["hot_s"]
+            fixed_s = simulate(fixed, lengths, sim_steps, batch, seed=args.seed + 1)["hot_s"]
             vs_home.setdefault(name, {})[str(gpus)] = fixed_s / sim["hot_s"]
             speedup[name][str(gpus)] = sim["static_s"] / sim["hot_s"]
             share[name][str(gpus)] = sim["switch_s"] / sim["hot_s"]

@@ -70,7 +70,7 @@ def _static_candidates(a, world: int):
     predicts fastest for a batch of such sequences."""
     import hotswitch as hs
     from hotswitch import _C
-    from hotswitch.plan import auto_candidates
+    from hotswitch.planner import auto_candidates
 
     with open(PROFILE) as f:
         fields = dict(json.load(f), memory_bytes=int(a.budget_mb * 2**20))

@@ -1,9 +1,15 @@
 """hotswitch: per-step parallel layouts and planned hot switching for LLM training.
 
-Vocabulary (see DESIGN.md): a *layout* is one parallel strategy over the world (degrees
-dp, tp, pp, cp and a rank order); a *placement* says which index boxes of each tensor a
-rank holds under a layout (``"sharded"``, ``"zero"`` or ``"partial"``); a *plan* lists the
-transfers between two placements; a *switch* executes one.
+Vocabulary (``docs/architecture.md``): a *layout* is one parallel strategy over the world
+(degrees dp, tp, pp, cp and a rank order); a *placement* says which index boxes of each tensor
+a rank holds under a layout (``"sharded"``, ``"zero"`` or ``"partial"``); a *redistribution
+plan* lists the transfers between two placements and a *switch* executes one; a *step plan*
+cuts one step's sequences into *phases*, each a bucket of lengths under one layout.
+
+This module is the public API. Subpackages: ``model`` (the parallel transformer),
+``calibration`` (fitting the cost model, offline and online), ``analysis`` (simulations,
+plots, the MILP reference), ``testing`` (multi-process harness, faults, the static reference
+trainer) and ``cli`` (the command-line programs).
 """
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -17,36 +23,27 @@ from hotswitch._C import (  # noqa: E402
     ParamSpec,
     Placement,
     Planner,
-    PlanCache,
     SwitchFault,
     SwitchTimeout,
     Topology,
 )
 from hotswitch.logging import get_logger, set_log_level  # noqa: E402
-from hotswitch.hardware import load_profile, save_profile  # noqa: E402
+from hotswitch.hardware import load_hardware, load_profile, save_profile  # noqa: E402
 from hotswitch.specs import llama_tensor_set, shard_tensors  # noqa: E402
-from hotswitch.redistribute import (  # noqa: E402
-    SwitchResult,
-    TensorSet,
-    plan_switch,
-    switch,
-)
+from hotswitch.redistribute import SwitchResult, TensorSet, plan_switch, switch  # noqa: E402
 from hotswitch.model import (  # noqa: E402
     MicroBatch,
     ParallelGroups,
     ParallelTransformer,
-    StaticTrainer,
     TransformerConfig,
     count_targets,
-    init_full,
     init_shards,
     split_replicas,
-    train_static,
 )
-from hotswitch.runtime import PhaseResult, Runtime, StepResult  # noqa: E402
+from hotswitch.runtime import NonFiniteLoss, PhaseResult, Runtime, StepResult  # noqa: E402
 from hotswitch.checkpoint import CheckpointError  # noqa: E402
-from hotswitch.distributed import init_distributed  # noqa: E402
-from hotswitch.calibrate import calibrate  # noqa: E402
+from hotswitch.distributed import init_distributed, spawn  # noqa: E402
+from hotswitch.calibration import calibrate  # noqa: E402
 
 __all__ = [
     "CheckpointError",
@@ -55,15 +52,14 @@ __all__ = [
     "Layout",
     "MicroBatch",
     "ModelConfig",
+    "NonFiniteLoss",
     "ParallelGroups",
     "ParallelTransformer",
     "ParamSpec",
     "PhaseResult",
     "Placement",
     "Planner",
-    "PlanCache",
     "Runtime",
-    "StaticTrainer",
     "StepResult",
     "SwitchFault",
     "SwitchResult",
@@ -75,13 +71,15 @@ __all__ = [
     "count_targets",
     "get_logger",
     "init_distributed",
-    "init_full",
     "init_shards",
     "llama_tensor_set",
+    "load_hardware",
+    "load_profile",
     "plan_switch",
+    "save_profile",
     "set_log_level",
     "shard_tensors",
+    "spawn",
     "split_replicas",
     "switch",
-    "train_static",
 ]

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from hotswitch import _C
+from hotswitch._errors import as_fault
 from hotswitch.logging import get_logger
 
 __all__ = ["CheckpointError", "latest_checkpoint", "load", "save"]
@@ -82,14 +83,15 @@ def _writers(tensor_set, layout, kind: str) -> Dict[int, set]:
     return writers
 
 
-def _states(runtime) -> Tuple[Dict[str, List[torch.Tensor]], Dict[str, object]]:
-    """The runtime's tensors to save by state name ('param', then one per optimizer state
-    tensor shaped like its parameter), as lists of local buffers in master order, and the
-    scalar optimizer state (equal for every parameter)."""
-    masters = list(runtime.master.values())
-    tensors = {"param": [p.detach() for p in masters]}
+def _states(state_dict: dict) -> Tuple[Dict[str, List[torch.Tensor]], Dict[str, object]]:
+    """The tensors of a ``Runtime.state_dict()`` to save by state name ('param', then one per
+    optimizer state tensor shaped like its parameter), as lists of local buffers in master
+    order, and the scalar optimizer state (equal for every parameter)."""
+    masters = state_dict["params"]
+    tensors = {"param": list(masters)}
     scalars: Dict[str, object] = {}
-    opt_state = runtime.optimizer.state
+    opt_state = state_dict["optimizer"]["state"]
+    opt_state = {masters[i]: opt_state[i] for i in range(len(masters)) if i in opt_state}
     keys = None
     for p in masters:
         state = opt_state.get(p, {})
@@ -138,15 +140,6 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _as_fault(e: RuntimeError, rank: int, what: str) -> RuntimeError:
-    """A backend error of a collective (dead or stalled peer) as hotswitch's fault types."""
-    if isinstance(e, _C.SwitchFault):
-        return e
-    text = str(e)
-    kind = _C.SwitchTimeout if "imed out" in text or "imeout" in text else _C.SwitchFault
-    return kind(f"rank {rank}, {what}: {text}")
-
-
 def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
     """Saves the runtime's master weights, optimizer state, step, RNG states and
     ``data_state`` (e.g. the sampler's ``state_dict()``) under ``root/step_<N>``; returns that
@@ -158,7 +151,7 @@ def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[
     except (ValueError, _C.SwitchFault):
         raise
     except RuntimeError as e:
-        raise _as_fault(e, runtime.rank, f"saving checkpoint step {runtime.step} under {root}") from e
+        raise as_fault(e, f"rank {runtime.rank}, saving checkpoint step {runtime.step} under {root}") from e
 
 
 def load(runtime, path: str) -> dict:
@@ -172,7 +165,7 @@ def load(runtime, path: str) -> dict:
     except (ValueError, _C.SwitchFault):
         raise
     except RuntimeError as e:
-        raise _as_fault(e, runtime.rank, f"loading checkpoint {path}") from e
+        raise as_fault(e, f"rank {runtime.rank}, loading checkpoint {path}") from e
 
 
 def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
@@ -187,15 +180,17 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
     tmp = os.path.join(root, f".{name}.tmp-{nonce[0]}")
     manifest, message, rng_entry = [], "", None
     try:
-        tensors, scalars = _states(runtime)
-        writes = _writers(runtime.tensor_set, runtime.home, runtime._home_kind).get(rank, set())
+        state_dict = runtime.state_dict()
+        tensors, scalars = _states(state_dict)
+        writes = _writers(runtime.tensor_set, runtime.home, runtime.home_placement).get(rank, set())
         os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
         for state, local in tensors.items():
-            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime._home_kind, rank,
+            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                            _buffers(runtime, local)):
                 if (t, lo, hi) not in writes:
                     continue
                 spec = runtime.tensor_set.specs[t]
+                runtime.hooks.fire("save")
                 rel = os.path.join("boxes", state, spec.name, _box_name(lo, hi) + ".bin")
                 path = os.path.join(tmp, rel)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -241,7 +236,7 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
                 "states": sorted(tensors),
                 "scalars": scalars,
                 "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                 for g in runtime.optimizer.state_dict()["param_groups"]],
+                                 for g in state_dict["optimizer"]["param_groups"]],
                 "data_state": data_state,
                 "extra": extra,
                 "manifest": entries,
@@ -374,11 +369,12 @@ def _load(runtime, path: str) -> dict:
         for e in meta["manifest"]:
             by_tensor.setdefault((e["state"], e["tensor"]), []).append(e)
         reader = _Reader(path)
-        masters = list(runtime.master.values())
+        current = runtime.state_dict()
+        masters = current["params"]
         new_states = {}
         for state in meta["states"]:
             local = [torch.empty_like(p) for p in masters]
-            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime._home_kind, rank,
+            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                            _buffers(runtime, local)):
                 name = runtime.tensor_set.specs[t].name
                 _fill(reader, by_tensor.get((state, name), []), lo, hi, view, f"tensor {name!r} ({state})")
@@ -391,9 +387,10 @@ def _load(runtime, path: str) -> dict:
             new_states[state] = local
         if "param" not in new_states:
             raise CheckpointError(f"{path}/metadata.json lists no parameters")
-        if len(meta["param_groups"]) != len(runtime.optimizer.param_groups):
+        groups = current["optimizer"]["param_groups"]
+        if len(meta["param_groups"]) != len(groups):
             raise CheckpointError(f"{path}/metadata.json has {len(meta['param_groups'])} optimizer parameter groups, "
-                                  f"the runtime's optimizer {len(runtime.optimizer.param_groups)}")
+                                  f"the runtime's optimizer {len(groups)}")
         rng_states = None
         if meta["world"] == runtime.world and meta.get("rng"):
             entry = meta["rng"][rank]
@@ -412,22 +409,22 @@ def _load(runtime, path: str) -> dict:
     _agree(ok, message, group)
 
     # Every rank has everything: commit.
-    masters = list(runtime.master.values())
-    with torch.no_grad():
-        for p, value in zip(masters, new_states.pop("param")):
-            p.copy_(value)
-    opt = runtime.optimizer
-    opt.state.clear()
-    for i, p in enumerate(masters):
+    params = new_states.pop("param")
+    opt_state = {}
+    for i in range(len(params)):
         state = {key: values[i] for key, values in new_states.items()}
-        for key, s in meta["scalars"].items():
-            state[key] = torch.tensor(s["value"], dtype=getattr(torch, s["dtype"])) if s["tensor"] else s["value"]
+        for key, sc in meta["scalars"].items():
+            state[key] = torch.tensor(sc["value"], dtype=getattr(torch, sc["dtype"])) if sc["tensor"] else sc["value"]
         if state:
-            opt.state[p] = state
-    for group_state, saved in zip(opt.param_groups, meta["param_groups"]):
+            opt_state[i] = state
+    param_groups = []
+    for group_state, saved in zip(groups, meta["param_groups"]):
+        merged = dict(group_state)
         for k, v in saved.items():
-            group_state[k] = tuple(v) if isinstance(group_state.get(k), tuple) else v
-    runtime.step = meta["step"]
+            merged[k] = tuple(v) if isinstance(group_state.get(k), tuple) else v
+        param_groups.append(merged)
+    runtime.load_state_dict({"step": meta["step"], "params": params,
+                             "optimizer": {"state": opt_state, "param_groups": param_groups}})
     if rng_states is not None:
         torch.set_rng_state(rng_states["torch"])
         if rng_states.get("cuda") is not None and torch.cuda.is_available():

@@ -21,6 +21,7 @@ __all__ = [
     "LengthAwareSampler",
     "default_corpus_dir",
     "fit_length",
+    "load_lengths",
 ]
 
 LONG_SEQUENCE_POLICIES = ("truncate", "split")
@@ -146,6 +147,26 @@ class Corpus:
             data = f.read()
         # A block's bytes may end inside a multi-byte character only if the file changed.
         return self.tokenizer.encode(data[a:b].decode("utf-8", errors="replace"))
+
+
+def load_lengths(path: str) -> List[int]:
+    """Reads one positive integer per line; ValueError naming the file and line otherwise."""
+    try:
+        with open(path) as f:
+            text = f.read().split("\n")
+    except OSError as e:
+        raise ValueError(f"cannot read lengths file {path!r}: {e.strerror}") from None
+    out = []
+    for number, line in enumerate(text, 1):
+        line = line.strip()
+        if not line:
+            continue
+        if not line.isdigit() or int(line) < 1:
+            raise ValueError(f"{path}:{number}: expected a positive integer length, got {line!r}")
+        out.append(int(line))
+    if not out:
+        raise ValueError(f"lengths file {path!r} holds no lengths")
+    return out
 
 
 def fit_length(tokens: List[int], max_length: int, policy: str = "truncate") -> List[List[int]]:

@@ -14,7 +14,7 @@ import json
 
 from hotswitch._C import HardwareProfile
 
-__all__ = ["load_profile", "save_profile"]
+__all__ = ["load_hardware", "load_profile", "save_profile"]
 
 
 def save_profile(profile: HardwareProfile, path: str) -> None:
@@ -42,6 +42,13 @@ def load_profile(path: str) -> HardwareProfile:
         return HardwareProfile.from_dict(fields)
     except ValueError as e:
         raise ValueError(f"hardware profile {path!r}: {e}") from None
+
+
+def load_hardware(spec: str) -> HardwareProfile:
+    """A hardware preset by name (``a800``) or a profile saved as JSON (``FILE.json``)."""
+    if spec.endswith(".json"):
+        return load_profile(spec)
+    return HardwareProfile.preset(spec)
 
 
 HardwareProfile.save = save_profile

@@ -22,25 +22,31 @@ import hashlib
 import math
 import time
 from datetime import timedelta
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-import hotswitch as hs
-from hotswitch import _C
+from hotswitch import _C, checkpoint
+from hotswitch._C import CostModel, HardwareProfile, Layout, Planner
+from hotswitch._errors import as_fault
+from hotswitch.calibration.online import OnlineCalibration
 from hotswitch.logging import get_logger
-from hotswitch.online import OnlineCalibration
-from hotswitch.redistribute import DEFAULT_TIMEOUT_S, default_topology
+from hotswitch.model.batch import MicroBatch
+from hotswitch.model.config import TransformerConfig
+from hotswitch.model.groups import ParallelGroups, global_ranks
+from hotswitch.model.transformer import ParallelTransformer
+from hotswitch.planner import redistribution_seconds
+from hotswitch.config import RuntimeConfig
+from hotswitch.hooks import Hooks
+from hotswitch.redistribute import default_topology, plan_switch, switch
 
 __all__ = ["NonFiniteLoss", "PhaseResult", "Runtime", "StepResult"]
 
 _log = get_logger("runtime")
 
-GRAD_METHODS = ("auto", "partial", "reduce")
 _NEVER_S = 1e30  # a switch cost the planner never chooses
 _TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-NONFINITE_POLICIES = ("raise", "skip")
 
 
 class NonFiniteLoss(ValueError):
@@ -94,70 +100,51 @@ def _with_memory(hw, memory_bytes: int):
     return _C.HardwareProfile.from_dict(fields)
 
 
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
-
 class Runtime:
-    """Trains a ``hs.ParallelTransformer`` with a planned layout per bucket of every step.
+    """Trains a ``ParallelTransformer`` with a planned layout per bucket of every step.
 
-    ``config``: ``hs.TransformerConfig`` (fp32 recommended: the master weights are the model's
-    dtype). ``candidates``: ``"auto"`` (every layout of the world the model divides) or a list
-    of layouts (``hs.Layout`` or names like ``"dp2tp2"``). ``home``: the layout of the master
-    weights, optimizer state and gradient accumulator (default: the candidate the planner
-    finds fastest for a batch holding one ``max_context`` sequence — what a static run would
-    pick). ``optimizer``: a factory ``params -> torch.optim.Optimizer`` over the home-layout
-    master tensors (default AdamW, lr 1e-3); optimizers that act elementwise (SGD, Adam,
-    AdamW, ...) give the same update whatever the layout. ``hardware``: a
-    ``hs.HardwareProfile`` (preset or calibrated); ``memory_budget_bytes`` overrides its
-    per-rank memory (the planner never exceeds it). ``zero``: ZeRO-1 master weights and
-    optimizer state over the home data group. ``grad_method``: ``"auto"`` (the cheaper per
-    phase, from the switch plans), ``"partial"`` or ``"reduce"``. ``timeout``: seconds for
-    every switch (a dead or stalled peer raises ``hs.SwitchTimeout`` / ``hs.SwitchFault``).
-    ``max_tokens_per_micro_batch``: a cap on a micro-batch's tokens below what memory allows
-    (Megatron's micro-batch size times the sequence length; at least ``max_context``).
-    ``recalibrate``: refit the cost model from the measured times after every step (see
-    ``hotswitch.online``); plans then follow the machine, so two runs of the same batches may
-    plan differently and round differently — pass ``False`` for bit-reproducible runs and
-    bitwise resumes.
+    ``config``: the model (``TransformerConfig``; fp32 recommended: the master weights are the
+    model's dtype). ``settings``: a ``RuntimeConfig``; its fields may instead be given as
+    keywords (``Runtime(cfg, zero=True)`` is ``Runtime(cfg, RuntimeConfig(zero=True))``).
+    ``optimizer``: a factory ``params -> torch.optim.Optimizer`` over the home-layout master
+    tensors (default AdamW, lr 1e-3); optimizers that act elementwise (SGD, Adam, AdamW, ...)
+    give the same update whatever the layout. ``group``: the process group (default: the world).
 
-    Construction is collective over ``group`` (default: the world): it builds the process
-    groups of every candidate once and initialises the weights from ``seed`` (the same
-    logical weights whatever the layout).
+    Construction is collective over ``group``: it builds the process groups of every
+    candidate once, checks that every rank passed the same settings, and initialises the
+    weights from ``settings.seed`` (the same logical weights whatever the layout).
+
+    ``hooks`` (``hotswitch.hooks.Hooks``) are the declared points where functions can be
+    attached (faults, profilers); ``state_dict``/``load_state_dict`` are this rank's training
+    state, which ``hotswitch.checkpoint`` writes layout-independently.
     """
 
-    def __init__(self, config, *, candidates: Union[str, Sequence] = "auto", home=None,
-                 optimizer: Optional[OptimizerFactory] = None, hardware=None,
-                 memory_budget_bytes: Optional[int] = None, max_context: Optional[int] = None,
-                 zero: bool = False, grad_method: str = "auto", seed: int = 0,
-                 group: Optional[dist.ProcessGroup] = None, topology=None,
-                 timeout: float = DEFAULT_TIMEOUT_S, recalibrate: bool = True, nonfinite: str = "raise",
-                 max_tokens_per_micro_batch: Optional[int] = None):
-        if not isinstance(config, hs.TransformerConfig):
+    def __init__(self, config, settings: Optional[RuntimeConfig] = None, *,
+                 optimizer: Optional[OptimizerFactory] = None, group: Optional[dist.ProcessGroup] = None,
+                 **fields):
+        if settings is None:
+            names = {f.name for f in dataclasses.fields(RuntimeConfig)}
+            unknown = sorted(set(fields) - names)
+            if unknown:
+                raise ValueError(f"unknown runtime settings {unknown}; RuntimeConfig has {sorted(names)}")
+            settings = RuntimeConfig(**fields)
+        elif fields:
+            raise ValueError(f"pass the settings either as a RuntimeConfig or as keywords, not both "
+                             f"(got {sorted(fields)} beside a RuntimeConfig)")
+        if not isinstance(settings, RuntimeConfig):
+            raise ValueError(f"settings must be a hotswitch.RuntimeConfig, got {type(settings).__name__}")
+        if not isinstance(config, TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"nonfinite {nonfinite!r} is not one of {', '.join(NONFINITE_POLICIES)}")
-        if grad_method not in GRAD_METHODS:
-            raise ValueError(f"grad_method {grad_method!r} is not one of {', '.join(GRAD_METHODS)}")
-        if not isinstance(zero, bool):
-            raise ValueError(f"zero must be a bool, got {zero!r}")
-        if not isinstance(recalibrate, bool):
-            raise ValueError(f"recalibrate must be a bool, got {recalibrate!r}")
-        _check_int("seed", seed, 0)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        max_context = config.max_position_embeddings if max_context is None else max_context
-        _check_int("max_context", max_context, 1)
+        self.settings = settings
+        s = settings
+        max_context = config.max_position_embeddings if s.max_context is None else s.max_context
         if max_context > config.max_position_embeddings:
             raise ValueError(f"max_context({max_context}) exceeds the model's max_position_embeddings"
                              f"({config.max_position_embeddings})")
-        if max_tokens_per_micro_batch is not None:
-            _check_int("max_tokens_per_micro_batch", max_tokens_per_micro_batch, 1)
-            if max_tokens_per_micro_batch < max_context:
-                raise ValueError(f"max_tokens_per_micro_batch({max_tokens_per_micro_batch}) must be >= "
-                                 f"max_context({max_context}): a micro-batch holds at least one whole sequence")
+        max_tokens_per_micro_batch = s.max_tokens_per_micro_batch
+        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < max_context:
+            raise ValueError(f"max_tokens_per_micro_batch({max_tokens_per_micro_batch}) must be >= "
+                             f"max_context({max_context}): a micro-batch holds at least one whole sequence")
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         if group is None:
             if not dist.is_initialized():
@@ -165,39 +152,37 @@ class Runtime:
             group = dist.group.WORLD
         self.group = group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.topology = default_topology(self.world) if topology is None else topology
-        if not isinstance(self.topology, _C.Topology) or self.topology.world != self.world:
+        self.topology = default_topology(self.world) if s.topology is None else s.topology
+        if self.topology.world != self.world:
             raise ValueError(f"topology must be a hotswitch.Topology of world {self.world}, got {self.topology!r}")
         self.config = config
         self.tensor_set = config.tensor_set()
-        self.zero = zero
-        self.grad_method = grad_method
-        self.seed = seed
-        self.timeout = float(timeout)
+        self.zero = s.zero
+        self.grad_method = s.grad_method
+        self.seed = s.seed
+        self.timeout = float(s.timeout)
         self.max_context = max_context
-        self.recalibrate = recalibrate
-        self.nonfinite = nonfinite
+        self.recalibrate = s.recalibrate
+        self.nonfinite = s.nonfinite
+        self.hooks = Hooks()
         self._stage = ""
         self.step = 0
+        zero, seed = s.zero, s.seed
 
-        self.candidates = self._candidates(candidates)
-        if hardware is None:
-            hardware = hs.HardwareProfile.preset("a100")
-        if not isinstance(hardware, _C.HardwareProfile):
-            raise ValueError(f"hardware must be a hotswitch.HardwareProfile, got {type(hardware).__name__}")
-        if memory_budget_bytes is not None:
-            _check_int("memory_budget_bytes", memory_budget_bytes, 1)
-            hardware = _with_memory(hardware, memory_budget_bytes)
+        self.candidates = self._candidates(s.candidates)
+        hardware = HardwareProfile.preset("a100") if s.hardware is None else s.hardware
+        if s.memory_budget_bytes is not None:
+            hardware = _with_memory(hardware, s.memory_budget_bytes)
         self.hardware = hardware
-        self.cost = hs.CostModel(config.cost_config(), hardware, self.topology, zero=zero)
-        self._home_kind = "zero" if zero else "sharded"
+        self.cost = CostModel(config.cost_config(), hardware, self.topology, zero=zero)
+        self.home_placement = "zero" if zero else "sharded"  # of the master weights and accumulator
         n = len(self.candidates)
-        free = hs.Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
+        free = Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
         longest = max(free.micro_batch_budget(i) for i in range(n))
         if longest < max_context:
             raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
-        self.home = self._home(home, free)
+        self.home = self._home(s.home, free)
         self._costs = None
         self._switch_scale = 1.0  # measured / planned switch seconds (online re-calibration)
         self.planner = self._build_planner()
@@ -205,16 +190,15 @@ class Runtime:
         # Collective from here on: the same order on every rank.
         # The runtime's own small collectives (batch agreement, loss, checkpoints) give up
         # after `timeout` too, whatever the timeout of the caller's group.
-        from hotswitch.model.groups import _global_ranks
-        self._root = _global_ranks(group)[0]
-        self.control = dist.new_group(_global_ranks(group), timeout=timedelta(seconds=self.timeout))
+        self._root = global_ranks(group)[0]
+        self.control = dist.new_group(global_ranks(group), timeout=timedelta(seconds=self.timeout))
         self._agree_on_settings()
-        self.groups = {l.name: hs.ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
-        self._models: Dict[str, "hs.ParallelTransformer"] = {}
-        home_model = hs.ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed)
+        self.groups = {l.name: ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
+        self._models: Dict[str, "ParallelTransformer"] = {}
+        home_model = ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed)
         shards = {n: t.detach() for n, t in home_model.named_shards().items()}
         if zero:
-            shards = hs.switch(shards, self.tensor_set, self.home, self.home, dst_kind="zero", group=group,
+            shards = switch(shards, self.tensor_set, self.home, self.home, dst_kind="zero", group=group,
                                topology=self.topology, timeout=self.timeout).shards
             self.master = {"zero": torch.nn.Parameter(shards.clone())}
         else:
@@ -224,7 +208,7 @@ class Runtime:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         self.prediction_errors: List[float] = []
-        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if recalibrate else None
+        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._overhead_s = 0.0
         self._optimizer_s = 0.0  # the last step's, for the next step's overhead observation
@@ -234,7 +218,7 @@ class Runtime:
     def _candidates(self, candidates) -> List["_C.Layout"]:
         if candidates == "auto":
             out = []
-            for layout in hs.Layout.enumerate(self.world):
+            for layout in Layout.enumerate(self.world):
                 try:
                     self.config.validate(layout)
                 except ValueError:
@@ -247,7 +231,7 @@ class Runtime:
             raise ValueError(f'candidates must be "auto" or a non-empty list of layouts, got {candidates!r}')
         out = []
         for c in candidates:
-            layout = hs.Layout.parse(c) if isinstance(c, str) else c
+            layout = Layout.parse(c) if isinstance(c, str) else c
             if not isinstance(layout, _C.Layout):
                 raise ValueError(f"candidate {c!r} is not a layout or layout name")
             layout.validate(self.world)
@@ -261,7 +245,7 @@ class Runtime:
         names = [l.name for l in self.candidates]
         if home is None:
             return self.candidates[free.plan([self.max_context])["best_static"]]
-        layout = hs.Layout.parse(home) if isinstance(home, str) else home
+        layout = Layout.parse(home) if isinstance(home, str) else home
         if not isinstance(layout, _C.Layout) or layout.name not in names:
             raise ValueError(f"home layout {home!r} is not among the candidates {names}")
         return self.candidates[names.index(layout.name)]
@@ -270,15 +254,14 @@ class Runtime:
         """Seconds of every switch the planner weighs, from the redistribution plans of this
         model's tensors: parameters between candidates; a phase's gradients into the home
         accumulator, reduced over its data group first or as partial summands."""
-        from hotswitch.plan import _plan_seconds
-        seconds = lambda a, ka, b, kb: _plan_seconds(  # noqa: E731
-            hs.plan_switch(self.tensor_set, a, b, src_kind=ka, dst_kind=kb, topology=self.topology),
+        seconds = lambda a, ka, b, kb: redistribution_seconds(  # noqa: E731
+            plan_switch(self.tensor_set, a, b, src_kind=ka, dst_kind=kb, topology=self.topology),
             self.hardware, self.topology)
         home = self.home.name
         params = [[0.0 if a.name == b.name else seconds(a, "sharded", b, "sharded") for b in self.candidates]
                   for a in self.candidates]
-        reduced = [0.0 if l.name == home else seconds(l, "sharded", self.home, self._home_kind) for l in self.candidates]
-        partial = [0.0 if l.name == home else seconds(l, "partial", self.home, self._home_kind) for l in self.candidates]
+        reduced = [0.0 if l.name == home else seconds(l, "sharded", self.home, self.home_placement) for l in self.candidates]
+        partial = [0.0 if l.name == home else seconds(l, "partial", self.home, self.home_placement) for l in self.candidates]
         return params, reduced, partial
 
     def _build_planner(self, cost=None):
@@ -295,7 +278,7 @@ class Runtime:
             reduced = [_NEVER_S if r else 0.0 for r in reduced]
         elif self.grad_method == "reduce":
             partial = None
-        return hs.Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
+        return Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
                           max_context=self.max_context,
                           max_tokens_per_micro_batch=self.max_tokens_per_micro_batch or 0)
 
@@ -304,9 +287,7 @@ class Runtime:
     def _agree_on_settings(self) -> None:
         """Every rank must build the same runtime: differing settings would plan different
         steps and leave ranks waiting in different collectives."""
-        settings = repr((dataclasses.asdict(self.config), [l.name for l in self.candidates], self.home.name,
-                         sorted(self.hardware.to_dict().items()), self.zero, self.grad_method, self.seed,
-                         self.max_context, self.recalibrate, self.nonfinite, self.max_tokens_per_micro_batch))
+        settings = repr((dataclasses.asdict(self.config), self.settings.digest_fields()))
         digest = int.from_bytes(hashlib.blake2b(settings.encode(), digest_size=7).digest(), "little")
         mine = torch.tensor([digest], dtype=torch.int64)
         everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
@@ -353,10 +334,10 @@ class Runtime:
             out.append(t.to(torch.int64).cpu())
         return out
 
-    def _model(self, layout, shards) -> "hs.ParallelTransformer":
+    def _model(self, layout, shards) -> "ParallelTransformer":
         model = self._models.get(layout.name)
         if model is None:
-            model = hs.ParallelTransformer(self.config, layout, self.groups[layout.name], seed=self.seed, shards=shards)
+            model = ParallelTransformer(self.config, layout, self.groups[layout.name], seed=self.seed, shards=shards)
             self._models[layout.name] = model
         else:
             model.load_shards(shards)
@@ -369,7 +350,8 @@ class Runtime:
             raise type(e)(f"rank {self.rank}, step {self.step + 1}, {self._stage}: {e}") from e
 
     def _switch_raw(self, shards, src, dst, src_kind, dst_kind, donate):
-        return hs.switch(shards, self.tensor_set, src, dst, src_kind=src_kind, dst_kind=dst_kind,
+        self.hooks.fire("switch")
+        return switch(shards, self.tensor_set, src, dst, src_kind=src_kind, dst_kind=dst_kind,
                          group=self.group, topology=self.topology, timeout=self.timeout, donate=donate)
 
     def _master_shards(self):
@@ -385,7 +367,7 @@ class Runtime:
 
         Raises ``ValueError`` on every rank, before any data moves, for a bad batch, a batch
         that differs between ranks, or a sequence no layout holds; a dead or stalled peer
-        raises ``hs.SwitchTimeout``/``hs.SwitchFault`` within the timeout, naming the rank, the
+        raises ``SwitchTimeout``/``SwitchFault`` within the timeout, naming the rank, the
         step and the stage (which phase, which switch or which groups). A NaN or infinite loss
         raises ``NonFiniteLoss`` (a ValueError) under ``nonfinite="raise"``, or skips the
         optimizer step under ``"skip"``. After any error the master weights and optimizer
@@ -400,9 +382,7 @@ class Runtime:
         except RuntimeError as e:
             # A backend error (a dead peer closes its connections; a stalled one times out):
             # name the stage; the master weights and optimizer state are untouched.
-            text = str(e)
-            kind = _C.SwitchTimeout if "imed out" in text or "imeout" in text else _C.SwitchFault
-            raise kind(f"rank {self.rank}, step {self.step + 1}, {self._stage}: {text}") from e
+            raise as_fault(e, f"rank {self.rank}, step {self.step + 1}, {self._stage}") from e
 
     def _train_step(self, sequences: Sequence[Sequence[int]]) -> StepResult:
         start = time.perf_counter()
@@ -448,7 +428,7 @@ class Runtime:
                 if layout.name == self.home.name and not self.zero:
                     params = {n: t.clone() for n, t in self._master_shards().items()}
                 elif current is None:
-                    r = self._switch(self._master_shards(), self.home, layout, src_kind=self._home_kind)
+                    r = self._switch(self._master_shards(), self.home, layout, src_kind=self.home_placement)
                     params, moved = r.shards, r.stats["bytes_moved"]
                 else:
                     r = self._switch(current, current_layout, layout, donate=True)
@@ -461,10 +441,10 @@ class Runtime:
             coord = self.groups[layout.name]
             self._stage = (f"phase {k} ({layout.name}): forward and backward of data replica {coord.dp_rank} "
                            f"(tp ranks {coord.tp_ranks}, pp ranks {coord.pp_ranks})")
-            mbs = [hs.MicroBatch.from_sequences([tensors[i] for i in mb])
+            mbs = [MicroBatch.from_sequences([tensors[i] for i in mb])
                    for mb in ph["micro_batches"][coord.dp_rank]]
             t0 = time.perf_counter()
-            replica_loss, _ = model.forward_backward(mbs, loss_scale)
+            replica_loss, _ = model.forward_backward(mbs, loss_scale, before_forward=self._before_forward)
             model.finish_gradients()
             compute_s = time.perf_counter() - t0
             if coord.tp_rank == 0 and coord.pp_rank == 0:
@@ -530,6 +510,9 @@ class Runtime:
             best_static=self.candidates[plan["best_static"]].name,
             best_static_predicted_s=plan["best_static_s"] + self._overhead_s, phases=phases)
 
+    def _before_forward(self) -> None:
+        self.hooks.fire("forward")
+
     @staticmethod
     def _release(model) -> None:
         """Drops a cached layout model's gradients and parameter storage (it gets new shards
@@ -583,7 +566,7 @@ class Runtime:
         hardware = _C.HardwareProfile.from_dict(fields)
         self.hardware = hardware
         self._switch_scale, self._overhead_s = values[-2], values[-1]
-        self.cost = hs.CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero)
+        self.cost = CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero)
         self.planner = self._build_planner()
         self._fit_vector = None
 
@@ -598,9 +581,9 @@ class Runtime:
             return {n: g.clone() for n, g in model.grad_shards().items()}, "local", 0
         if method == "reduce":
             model.reduce_gradients()
-            r = self._switch(model.grad_shards(), layout, self.home, dst_kind=self._home_kind)
+            r = self._switch(model.grad_shards(), layout, self.home, dst_kind=self.home_placement)
         else:
-            r = self._switch(model.grad_shards(), layout, self.home, src_kind="partial", dst_kind=self._home_kind)
+            r = self._switch(model.grad_shards(), layout, self.home, src_kind="partial", dst_kind=self.home_placement)
         return r.shards, method, r.stats["bytes_moved"]
 
     @staticmethod
@@ -617,19 +600,47 @@ class Runtime:
         """The full logical weights (name -> tensor of the spec's full shape) on every rank.
         Collective; it gathers the whole model on each rank, so it is meant for tests and small
         models (checkpoints never gather)."""
-        everyone = hs.Layout(dp=self.world, tp=1, pp=1)
+        everyone = Layout(dp=self.world, tp=1, pp=1)
         self._stage = "gathering the full weights"
-        return self._switch(self._master_shards(), self.home, everyone, src_kind=self._home_kind).shards
+        return self._switch(self._master_shards(), self.home, everyone, src_kind=self.home_placement).shards
+
+    def state_dict(self) -> dict:
+        """This rank's training state under the home layout, what ``hotswitch.checkpoint``
+        writes by logical box: ``{"step": int, "params": [this rank's master tensors, in the
+        home placement's order (one flat buffer under ZeRO)], "optimizer": the optimizer's
+        ``state_dict()``, its state keyed by the index in "params"}``. The tensors are the
+        runtime's own (detached, not copies)."""
+        return {"step": self.step, "params": [p.detach() for p in self.master.values()],
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Takes a ``state_dict()`` of this home layout and placement (tensors of the same
+        shapes); ValueError, with nothing changed, when it does not match."""
+        masters = list(self.master.values())
+        if not isinstance(state, dict) or sorted(state) != ["optimizer", "params", "step"]:
+            raise ValueError(f"a runtime state must be a dict with keys optimizer, params, step, got "
+                             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
+        params = state["params"]
+        if len(params) != len(masters) or any(
+                not isinstance(t, torch.Tensor) or t.shape != p.shape for t, p in zip(params, masters)):
+            raise ValueError(f"the state's params ({[tuple(getattr(t, 'shape', ())) for t in params]}) do not match "
+                             f"this runtime's master tensors ({[tuple(p.shape) for p in masters]})")
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"the state's step must be an int >= 0, got {step!r}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():
+            for p, value in zip(masters, params):
+                p.copy_(value)
+        self.step = step
 
     def save_checkpoint(self, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
         """Saves a layout-independent checkpoint under ``root/step_<N>`` (see
         ``hotswitch.checkpoint``); returns its path. Collective."""
-        from hotswitch import checkpoint
         return checkpoint.save(self, root, data_state=data_state, extra=extra)
 
     def load_checkpoint(self, path: str) -> dict:
         """Loads a checkpoint saved under any home layout and world the model allows; returns
         ``{"step", "data_state", "extra"}``. Collective; ``CheckpointError`` (a ValueError)
         on every rank, with nothing changed, for a bad checkpoint."""
-        from hotswitch import checkpoint
         return checkpoint.load(self, path)

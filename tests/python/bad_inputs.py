@@ -9,7 +9,8 @@ import tempfile
 import torch
 
 import hotswitch as hs
-from hotswitch import data, train
+from hotswitch import data
+from hotswitch.cli import train
 
 TINY = dict(num_layers=2, hidden_size=16, num_attention_heads=2, num_query_groups=2, ffn_hidden_size=32,
             vocab_size=64, max_position_embeddings=32)

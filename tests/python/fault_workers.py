@@ -7,7 +7,7 @@ import torch
 
 import hotswitch as hs
 import runtime_workers as rw
-from hotswitch import faults
+from hotswitch.testing import faults
 
 CANDIDATES = ["dp4", "dp2tp2", "pp4", "tp2pp2"]
 # The runtime tests' steps of 2, 3+ and 3+ phases: the faulted step switches layouts.

@@ -3,6 +3,7 @@
 import torch
 
 import hotswitch as hs
+from hotswitch.testing.reference import train_static
 
 TINY = dict(num_layers=4, hidden_size=64, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=96,
             vocab_size=128, max_position_embeddings=128)
@@ -37,7 +38,7 @@ def reference(rank, world, tieds):
     """World 1: losses and full weights after training, per tied-embedding setting."""
     out = {}
     for tied in tieds:
-        losses, model = hs.train_static(config(tied), hs.Layout(), batches(), lr=LR, eps=EPS)
+        losses, model = train_static(config(tied), hs.Layout(), batches(), lr=LR, eps=EPS)
         out[tied] = (losses, _numpy(model.named_shards()))
     return out
 
@@ -56,7 +57,7 @@ def parity(rank, world, runs, refs):
     for name, tied, zero in runs:
         layout = hs.Layout.parse(name)
         cfg = config(tied)
-        losses, model = hs.train_static(cfg, layout, batches(), lr=LR, eps=EPS, zero=zero)
+        losses, model = train_static(cfg, layout, batches(), lr=LR, eps=EPS, zero=zero)
         out[(name, tied, zero)] = (losses, _compare(model, cfg, layout, rank, refs[tied][1]))
     return out
 
@@ -67,7 +68,7 @@ def parity_cuda(rank, world, name, refs):
     torch.backends.cudnn.allow_tf32 = False
     layout = hs.Layout.parse(name)
     cfg = config()
-    losses, model = hs.train_static(cfg, layout, batches(), lr=LR, eps=EPS)
+    losses, model = train_static(cfg, layout, batches(), lr=LR, eps=EPS)
     assert all(p.is_cuda for p in model.named_shards().values())
     shards = {k: v.detach().cpu() for k, v in model.named_shards().items()}
     expected = hs.shard_tensors({k: torch.from_numpy(v) for k, v in refs[False][1].items()},

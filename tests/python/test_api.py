@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import hotswitch as hs
+from hotswitch import _C
 from reference import full_tensors, local_shards, model_set, zero_shard
 
 
@@ -51,7 +52,7 @@ def test_bad_input_raises_value_error_naming_the_value(make, needle):
 
 def test_plan_figures_and_cache():
     ts = model_set()
-    cache = hs.PlanCache()
+    cache = _C.PlanCache()
     plan = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache)
     again = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache)
     assert len(cache) == 1 and again.stats == plan.stats

@@ -6,7 +6,7 @@ import math
 import pytest
 
 import bad_inputs as b
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 
 @pytest.mark.parametrize("name,call,needle", b.LOCAL, ids=[c[0] for c in b.LOCAL])

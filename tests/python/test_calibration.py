@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 import hotswitch as hs
-from hotswitch import calibration as cli
-from hotswitch import plan as plan_cli
-from hotswitch.calibrate import _nnls
+from hotswitch.planner import build_planner
+from hotswitch.cli import calibration as cli
+from hotswitch.cli import plan as plan_cli
+from hotswitch.calibration.offline import _nnls
 
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 CONFIG = hs.TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                               ffn_hidden_size=176, vocab_size=256, max_position_embeddings=256)
@@ -70,7 +71,7 @@ def test_profile_round_trips_and_plans_like_a_preset(calibrated, tmp_path, capsy
     # The calibrated model's own planner over the world it was measured on.
     model = CONFIG.cost_config()
     layouts = [hs.Layout.parse(n) for n in ("dp2", "tp2", "pp2")]
-    planner = plan_cli.build_planner(model, loaded, hs.Topology(2, 2), layouts, 0)
+    planner = build_planner(model, loaded, hs.Topology(2, 2), layouts, 0)
     plan = planner.plan([5, 17, 64, 200, 31])
     assert plan["total_s"] > 0 and plan["phases"]
 

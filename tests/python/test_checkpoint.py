@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import checkpoint_workers as w
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 
 def _equal(a, b):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import cuda_workers as cw
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

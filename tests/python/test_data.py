@@ -2,7 +2,8 @@
 
 import pytest
 
-from hotswitch import data, lengths
+from hotswitch import data
+from hotswitch.cli import lengths
 
 
 @pytest.fixture

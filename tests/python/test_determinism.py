@@ -5,7 +5,7 @@ import torch
 
 import determinism_workers as dw
 import runtime_workers as w
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 CANDIDATES = ["dp4", "dp2tp2", "pp4", "tp2pp2"]
 STEPS = [w.STEPS[1], w.STEPS[2]]  # two and three phases: parameters and gradients switch

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fault_workers as w
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 TIMEOUT = 8.0
 SLACK = 20.0  # process scheduling on a loaded 2-core machine

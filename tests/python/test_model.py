@@ -13,8 +13,10 @@ import pytest
 import torch
 
 import hotswitch as hs
+from hotswitch.testing.reference import train_static
+from hotswitch.model.init import init_full
 import model_workers as w
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 from hotswitch.model.attention import LengthGroups, varlen_attention
 from hotswitch.model.init import uniform_at
 
@@ -68,7 +70,7 @@ def test_reference_learns():
 
 
 def _repeat_batch(rank, world, cfg, batch):
-    return hs.train_static(cfg, hs.Layout(), [batch], steps=6, lr=1e-2)[0]
+    return train_static(cfg, hs.Layout(), [batch], steps=6, lr=1e-2)[0]
 
 
 @pytest.mark.parametrize("src,dst,tied", [("dp2tp2", "tp2pp2", True), ("tp2pp2", "dp2tp2", True),
@@ -141,7 +143,7 @@ def test_config_matches_the_engine_and_the_cost_model():
 def test_initialiser_gives_the_same_logical_weights_under_every_layout():
     for tied in (False, True):
         cfg = w.config(tied)
-        full = hs.init_full(cfg, seed=5)
+        full = init_full(cfg, seed=5)
         for layout in hs.Layout.enumerate(4):
             if layout.cp > 1:
                 continue
@@ -151,13 +153,13 @@ def test_initialiser_gives_the_same_logical_weights_under_every_layout():
                 assert shards.keys() == expected.keys()
                 for name in shards:
                     assert torch.equal(shards[name], expected[name]), (layout, rank, name)
-    other = hs.init_full(w.config(), seed=6)
-    assert not torch.equal(other["layers.0.qkv.weight"], hs.init_full(w.config(), seed=5)["layers.0.qkv.weight"])
+    other = init_full(w.config(), seed=6)
+    assert not torch.equal(other["layers.0.qkv.weight"], init_full(w.config(), seed=5)["layers.0.qkv.weight"])
 
 
 def test_initialiser_statistics_and_hash():
     cfg = w.config(hidden_size=256, num_attention_heads=8, ffn_hidden_size=512)
-    full = hs.init_full(cfg, seed=0)
+    full = init_full(cfg, seed=0)
     std = cfg.init_std
     assert abs(float(full["layers.0.gate_up.weight"].std()) - std) < 0.02 * std
     assert abs(float(full["layers.0.down.weight"].std()) - std / math.sqrt(8)) < 0.02 * std

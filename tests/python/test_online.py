@@ -3,7 +3,7 @@ produced them, and is deterministic."""
 
 import hotswitch as hs
 from hotswitch import _C
-from hotswitch.online import OnlineCalibration
+from hotswitch.calibration.online import OnlineCalibration
 
 import runtime_workers as w
 

@@ -1,11 +1,13 @@
-"""The planner's dry-run CLI: python -m hotswitch.plan."""
+"""The planner's dry-run CLI: python -m hotswitch.cli.plan."""
 
 import json
 
 import pytest
 
 import hotswitch as hs
-from hotswitch import plan as cli
+from hotswitch.cli import plan as cli
+from hotswitch.data import load_lengths
+from hotswitch.planner import build_planner, switch_costs
 
 
 @pytest.fixture
@@ -42,7 +44,7 @@ def test_planner_splits_long_sequences_into_pieces():
     hardware = hs.HardwareProfile.preset("a800")
     topology = hs.Topology(8, 8)
     layouts = [hs.Layout.parse(n) for n in ["dp8", "dp2tp4", "tp8"]]
-    planner = cli.build_planner(model, hardware, topology, layouts, 0, max_context=1000, long_sequences="split")
+    planner = build_planner(model, hardware, topology, layouts, 0, max_context=1000, long_sequences="split")
     plan = planner.plan([2500, 30, 1000])
     assert plan["pieces"] == [(0, 0, 1000), (0, 1000, 1000), (0, 2000, 500), (1, 0, 30), (2, 0, 1000)]
     placed = sorted(i for ph in plan["phases"] for r in ph["micro_batches"] for mb in r for i in mb)
@@ -80,8 +82,8 @@ def test_switch_costs_from_plans_and_estimates_agree():
     hardware = hs.HardwareProfile.preset("a800")
     topology = hs.Topology(16, 8)
     layouts = [hs.Layout.parse(n) for n in ["dp16", "dp4tp4", "dp2tp4pp2"]]
-    plans = cli.switch_costs(model, hardware, topology, layouts, 1, method="plans")
-    estimates = cli.switch_costs(model, hardware, topology, layouts, 1, method="estimate")
+    plans = switch_costs(model, hardware, topology, layouts, 1, method="plans")
+    estimates = switch_costs(model, hardware, topology, layouts, 1, method="estimate")
     pairs = [(plans[0][i][j], estimates[0][i][j]) for i in range(3) for j in range(3)]
     pairs += [(plans[k][i], estimates[k][i]) for k in (1, 2) for i in range(3)]
     for planned, estimated in pairs:
@@ -114,9 +116,9 @@ def test_bad_lengths_files_name_the_line(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("12\nabc\n")
     with pytest.raises(ValueError, match="bad.txt:2"):
-        cli.load_lengths(str(bad))
+        load_lengths(str(bad))
     with pytest.raises(ValueError, match="cannot read"):
-        cli.load_lengths(str(tmp_path / "missing.txt"))
+        load_lengths(str(tmp_path / "missing.txt"))
 
 
 def test_bad_profile_files_name_the_field(tmp_path):

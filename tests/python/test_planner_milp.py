@@ -6,8 +6,8 @@ import random
 import pytest
 
 import hotswitch as hs
-from hotswitch import milp
-from hotswitch import plan as cli
+from hotswitch.planner import build_planner
+from hotswitch.analysis import milp
 
 
 def _planner(names, home, seed, memory_gib=48, **options):
@@ -83,7 +83,7 @@ def test_milp_with_switch_costs_from_real_plans():
     hardware.memory_bytes = 48 << 30
     topology = hs.Topology(8, 8)
     layouts = [hs.Layout.parse(n) for n in ["dp8", "dp4tp2", "dp2tp4"]]
-    planner = cli.build_planner(model, hardware, topology, layouts, 0, method="plans", exact_fallback=False)
+    planner = build_planner(model, hardware, topology, layouts, 0, method="plans", exact_fallback=False)
     lengths = _lengths(random.Random(7), 20, planner.micro_batch_budget(2))
     plan = planner.plan(lengths)
     result = milp.solve(planner, lengths, start=_assignment(plan))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import runtime_workers as w
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 CANDIDATES = ["dp4", "dp2tp2", "pp4", "tp2pp2"]
 TOL = 1e-5

@@ -6,7 +6,7 @@ import pytest
 
 import hotswitch as hs
 import switch_workers as w
-from distributed import run_world
+from hotswitch.testing.harness import run_world
 
 
 def _layouts(world):

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hotswitch import _C
 from hotswitch.logging import get_logger
 
-__all__ = ["ParallelGroups"]
+__all__ = ["ParallelGroups", "global_ranks"]
 
 _log = get_logger("model")
 # (base group, global ranks) -> process group. Every rank makes every group of a layout in
@@ -18,7 +18,7 @@ _log = get_logger("model")
 _process_groups: Dict[Tuple[object, Tuple[int, ...]], object] = {}
 
 
-def _global_ranks(group) -> List[int]:
+def global_ranks(group) -> List[int]:
     """Global rank of each rank of ``group``, in group-rank order."""
     if group is None or group is dist.group.WORLD:
         return list(range(dist.get_world_size()))
@@ -94,7 +94,7 @@ class ParallelGroups:
                        else torch.device("cpu"))
         self.coord = dict(layout.coord(rank))
         self.tp_rank, self.pp_rank, self.dp_rank = self.coord["tp"], self.coord["pp"], self.coord["dp"]
-        glob = _global_ranks(base)
+        glob = global_ranks(base)
         self.global_rank = glob[rank]
 
         def build(axis_groups: List[List[int]]):

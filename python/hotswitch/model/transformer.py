@@ -1,7 +1,7 @@
 """The parallel decoder: this rank's stage of layers, holding only its local shards."""
 
 import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -251,14 +251,17 @@ class ParallelTransformer(nn.Module):
                 not math.isfinite(loss_scale):
             raise ValueError(f"loss_scale must be a finite number, got {loss_scale!r}")
 
-    def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_scale: float = 1.0) -> Tuple[float, int]:
+    def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_scale: float = 1.0,
+                         before_forward: Optional[Callable[[], None]] = None) -> Tuple[float, int]:
         """Forward and backward of this data replica's micro-batches on this rank's stage.
 
         Every pipeline stage and TP rank of the replica passes the same list (any number,
         lengths may differ; none is allowed). The loss of a micro-batch is the sum of the
         cross entropy of its target tokens; gradients of ``loss * loss_scale`` accumulate into
         ``.grad`` (pass 1 / the global batch's target count to get the global mean). Runs the
-        1F1B schedule when pp > 1. No data-parallel reduction happens here.
+        1F1B schedule when pp > 1. No data-parallel reduction happens here. ``before_forward``,
+        when given, is called before each micro-batch's forward on this stage (the runtime's
+        ``"forward"`` hook point).
 
         Returns ``(loss_sum, num_targets)`` of the replica's micro-batches, unscaled (float,
         int), on every rank of the replica. Collective over the replica's TP and PP groups.
@@ -279,6 +282,8 @@ class ParallelTransformer(nn.Module):
 
         def forward(i: int, x: Optional[torch.Tensor]) -> torch.Tensor:
             nonlocal loss_sum
+            if before_forward is not None:
+                before_forward()
             y = self._stage_forward(contexts[i], x)
             if g.is_last_stage:
                 loss_sum = loss_sum + y.detach().double()

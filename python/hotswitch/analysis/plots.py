@@ -2,6 +2,8 @@
 
 from typing import Optional
 
+from hotswitch.analysis.simulate import switch_share
+
 __all__ = ["plot_step"]
 
 
@@ -68,7 +70,6 @@ def plot_step(plan: dict, planner, path: str, title: Optional[str] = None) -> No
                          Patch(facecolor="white", hatch="//", edgecolor="black", label="gradients home")],
                 loc="lower right")
     line.set_xlim(0, 1.02 * max(plan["total_s"], plan["best_static_s"]))
-    from hotswitch.plan import switch_share
     line.set_title(f"timeline: {switch_share(plan, planner):.3f} s of switching (grey, hatched)", fontsize=10)
     fig.tight_layout()
     try:

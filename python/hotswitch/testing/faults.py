@@ -16,8 +16,6 @@ import dataclasses
 import os
 import time
 
-from hotswitch import checkpoint
-
 __all__ = ["Fault", "STAGES", "inject"]
 
 STAGES = ("switch", "phase", "save")
@@ -61,40 +59,9 @@ class _Trigger:
 
 
 def inject(runtime, fault: Fault) -> None:
-    """Arms ``fault`` on this rank's ``runtime`` (see the module docstring)."""
+    """Arms ``fault`` on this rank's ``runtime`` through its hook points (see the module
+    docstring and ``hotswitch.hooks``)."""
     if not isinstance(fault, Fault):
-        raise ValueError(f"fault must be a hotswitch.faults.Fault, got {type(fault).__name__}")
-    trigger = _Trigger(fault)
-    if fault.stage == "switch":
-        inner = runtime._switch_raw
-
-        def switch(*args, **kwargs):
-            trigger.tick()
-            return inner(*args, **kwargs)
-
-        runtime._switch_raw = switch
-    elif fault.stage == "phase":
-        make = runtime._model
-
-        def model(layout, shards):
-            m = make(layout, shards)
-            if not getattr(m, "_fault_armed", False):
-                forward = m._stage_forward
-
-                def stage_forward(*args, **kwargs):
-                    trigger.tick()
-                    return forward(*args, **kwargs)
-
-                m._stage_forward = stage_forward
-                m._fault_armed = True
-            return m
-
-        runtime._model = model
-    else:
-        name = checkpoint._box_name
-
-        def box_name(lo, hi):
-            trigger.tick()
-            return name(lo, hi)
-
-        checkpoint._box_name = box_name
+        raise ValueError(f"fault must be a hotswitch.testing.faults.Fault, got {type(fault).__name__}")
+    point = {"switch": "switch", "phase": "forward", "save": "save"}[fault.stage]
+    runtime.hooks.add(point, _Trigger(fault).tick)

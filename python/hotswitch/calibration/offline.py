@@ -3,7 +3,7 @@
 ``calibrate(config, world=2)`` spawns ``world`` gloo processes (they meet through a
 temporary file store, one thread each) and times, on every rank:
 
-- forward and backward of the real ``hs.ParallelTransformer`` under the ``dp{world}`` layout
+- forward and backward of the real ``ParallelTransformer`` under the ``dp{world}`` layout
   (each rank a replica: pure compute) on packed micro-batches of each requested length: one
   sequence of ``s`` tokens, and ``s`` tokens cut into four sequences (which separates the
   per-token, per-token-squared and per-sequence terms);
@@ -24,27 +24,28 @@ nominal value: the argument, or else the rate of a large fp32 matrix product on 
 share one host, so the inter-node fields are set equal to the intra-node ones. The memory
 budget is ``memory_bytes``, else ``base``'s, else this host's memory divided by ``world``.
 
-The profile plans exactly like a preset: ``hs.save_profile(profile, "hw.json")``, then
-``python -m hotswitch.plan --hardware hw.json`` or ``hs.Runtime(..., hardware=profile)``.
+The profile plans exactly like a preset: ``save_profile(profile, "hw.json")``, then
+``python -m hotswitch.cli.plan --hardware hw.json`` or ``hotswitch.Runtime(..., hardware=profile)``.
 Command line: ``python -m hotswitch.calibration --out hw.json [--quick]``.
 """
 
 import itertools
 import math
-import multiprocessing as mp
 import os
-import queue as queue_module
-import tempfile
 import time
-import traceback
-from datetime import timedelta
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from hotswitch import _C
+from hotswitch._C import Layout
+from hotswitch._checks import check_int, check_positive
+from hotswitch.distributed import spawn
 from hotswitch.logging import get_logger
+from hotswitch.model.batch import MicroBatch
 from hotswitch.model.config import TransformerConfig
+from hotswitch.model.groups import ParallelGroups
+from hotswitch.model.transformer import ParallelTransformer
 
 __all__ = ["DEFAULT_LENGTHS", "DEFAULT_MESSAGE_BYTES", "calibrate", "tiny_config"]
 
@@ -66,19 +67,6 @@ def tiny_config(max_length: int = max(DEFAULT_LENGTHS)) -> TransformerConfig:
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def _check_int(name: str, value, low: int, high: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
-    return value
-
-
-def _check_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
 
 
 def _transformer_config(config, longest: int) -> TransformerConfig:
@@ -138,7 +126,6 @@ def _measure(rank: int, world: int, spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    import hotswitch as hs
     from hotswitch.model import comm
 
     cfg, repeats = spec["config"], spec["repeats"]
@@ -150,11 +137,11 @@ def _measure(rank: int, world: int, spec: dict) -> dict:
         out["peak"] = _timed(lambda: torch.matmul(a, b), max(3, repeats))
 
     def forward_backward(name: str, packs: List[List[int]]) -> None:
-        layout = hs.Layout.parse(name)
-        groups = hs.ParallelGroups(layout, timeout=spec["timeout"])
-        model = hs.ParallelTransformer(cfg, layout, groups, seed=0)
+        layout = Layout.parse(name)
+        groups = ParallelGroups(layout, timeout=spec["timeout"])
+        model = ParallelTransformer(cfg, layout, groups, seed=0)
         for pack in packs:
-            mbs = [hs.MicroBatch.from_sequences([torch.randint(0, cfg.vocab_size, (s,), generator=gen)
+            mbs = [MicroBatch.from_sequences([torch.randint(0, cfg.vocab_size, (s,), generator=gen)
                                                  for s in micro]) for micro in pack]
             times = _timed(lambda: model.forward_backward(mbs, 1.0), repeats, before=model.zero_grad)
             out["samples"].append((("forward_backward", name, tuple(tuple(m) for m in pack)), times))
@@ -187,58 +174,11 @@ def _measure(rank: int, world: int, spec: dict) -> dict:
     return out
 
 
-def _rank_main(rank: int, world: int, store: str, results, spec: dict) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=spec["timeout"]))
-        results.put((rank, "ok", _measure(rank, world, spec)))
-    except BaseException as e:  # reported to the parent, which raises
-        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        # Skip destroy_process_group: a failed peer may make it block.
-        results.close()
-        results.join_thread()
-        os._exit(0)
-
-
 def _run_ranks(world: int, spec: dict, timeout: float) -> List[dict]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="hotswitch-calibrate-") as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_rank_main, args=(r, world, store, results, spec), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        done: Dict[int, tuple] = {}
-        deadline = time.monotonic() + timeout
-        try:
-            while len(done) < world and time.monotonic() < deadline:
-                try:
-                    rank, status, value = results.get(timeout=0.2)
-                    done[rank] = (status, value)
-                except queue_module.Empty:
-                    if not any(p.is_alive() for p in procs) and results.empty():
-                        break
-        finally:
-            for p in procs:
-                p.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-    errors = {r: v for r, (s, v) in done.items() if s == "error"}
-    if errors:
-        raise RuntimeError("calibration failed on " + "; ".join(f"rank {r}: {e}" for r, e in sorted(errors.items())))
-    missing = [r for r in range(world) if r not in done]
-    if missing:
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"calibration ranks {missing} still running after timeout={timeout} s")
-        raise RuntimeError(f"calibration ranks {missing} died without a result")
-    return [done[r][1] for r in range(world)]
+    try:
+        return spawn(world, _measure, spec, timeout=timeout, pg_timeout=spec["timeout"])
+    except RuntimeError as e:
+        raise RuntimeError(f"calibration failed: {e}") from None
 
 
 # ----------------------------------------------------------------------------- fit
@@ -322,7 +262,7 @@ def calibrate(config: Union[TransformerConfig, "_C.ModelConfig"], world: int = 2
               name: str = "calibrated") -> Tuple["_C.HardwareProfile", dict]:
     """Measures this machine with ``world`` real gloo processes and fits a ``HardwareProfile``.
 
-    ``config``: the model to time (``hs.TransformerConfig``, or an ``hs.ModelConfig`` turned
+    ``config``: the model to time (``TransformerConfig``, or an ``ModelConfig`` turned
     into one: fp32 when ``param_bytes`` is 4, else bf16). ``lengths``: tokens of the packed
     micro-batches (ints >= 8, at least two distinct, each <= the model's max positions).
     ``repeats``: timed repetitions per sample (the median counts; collectives at least
@@ -344,23 +284,23 @@ def calibrate(config: Union[TransformerConfig, "_C.ModelConfig"], world: int = 2
     bad argument before any process starts; RuntimeError when a rank fails.
     """
     start = time.perf_counter()
-    world = _check_int("world", world, 2, MAX_WORLD)
+    world = check_int("world", world, 2, MAX_WORLD)
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, (list, tuple)) or not lengths:
         raise ValueError(f"lengths must be a non-empty list of ints, got {lengths!r}")
-    lengths = [_check_int(f"lengths[{i}]", s, MIN_LENGTH) for i, s in enumerate(lengths)]
+    lengths = [check_int(f"lengths[{i}]", s, MIN_LENGTH) for i, s in enumerate(lengths)]
     if len(set(lengths)) < 2:
         raise ValueError(f"lengths must hold at least two distinct values (to separate the per-token and "
                          f"attention terms), got {lengths!r}")
-    repeats = _check_int("repeats", repeats, 1)
-    timeout = _check_positive("timeout", timeout)
+    repeats = check_int("repeats", repeats, 1)
+    timeout = check_positive("timeout", timeout)
     if isinstance(message_bytes, (str, bytes)) or not isinstance(message_bytes, (list, tuple)) or \
             len(message_bytes) < 2:
         raise ValueError(f"message_bytes must be a list of at least two sizes, got {message_bytes!r}")
-    message_bytes = [_check_int(f"message_bytes[{i}]", b, 1024) for i, b in enumerate(message_bytes)]
+    message_bytes = [check_int(f"message_bytes[{i}]", b, 1024) for i, b in enumerate(message_bytes)]
     if peak_flops is not None:
-        peak_flops = _check_positive("peak_flops", peak_flops)
+        peak_flops = check_positive("peak_flops", peak_flops)
     if memory_bytes is not None:
-        _check_int("memory_bytes", memory_bytes, 1)
+        check_int("memory_bytes", memory_bytes, 1)
     if isinstance(base, str):
         base = _C.HardwareProfile.preset(base)
     elif base is not None and not isinstance(base, _C.HardwareProfile):

@@ -4,16 +4,18 @@
 
 Spawns ``--world`` gloo processes, times forward and backward of a small parallel
 transformer and the layouts' collectives, fits the cost model's hardware fields
-(``hs.calibrate``) and writes the profile with ``hs.save_profile``. Use it like a preset:
-``python -m hotswitch.plan --hardware profile.json`` or
-``hs.Runtime(..., hardware=hs.load_profile("profile.json"))``.
+(``hotswitch.calibrate``) and writes the profile with ``hotswitch.save_profile``. Use it like a preset:
+``python -m hotswitch.cli.plan --hardware profile.json`` or
+``hotswitch.Runtime(..., hardware=hotswitch.load_profile("profile.json"))``.
 """
 
 import argparse
 import sys
 
-import hotswitch as hs
-from hotswitch.calibrate import DEFAULT_LENGTHS, DEFAULT_MESSAGE_BYTES, calibrate
+from hotswitch._C import HardwareProfile, Layout
+from hotswitch.calibration.offline import DEFAULT_LENGTHS, DEFAULT_MESSAGE_BYTES, calibrate
+from hotswitch.hardware import save_profile
+from hotswitch.model.config import TransformerConfig
 
 __all__ = ["main"]
 
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-gb", type=float, default=None,
                         help="per-rank memory budget in GiB (default: --base's, else host memory / world)")
     parser.add_argument("--base", default=None,
-                        help=f"preset whose memory budget to keep: {', '.join(hs.HardwareProfile.preset_names())}")
+                        help=f"preset whose memory budget to keep: {', '.join(HardwareProfile.preset_names())}")
     for flag, default in (("num-layers", 2), ("hidden-size", 128), ("num-attention-heads", 8),
                           ("num-query-groups", 4), ("ffn-hidden-size", 352), ("vocab-size", 512)):
         parser.add_argument(f"--{flag}", type=int, default=default, help=f"model to time (default {default})")
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
             if not args.memory_gb > 0:
                 raise ValueError(f"--memory-gb must be > 0, got {args.memory_gb}")
             memory = int(args.memory_gb * (1 << 30))
-        config = hs.TransformerConfig(num_layers=args.num_layers, hidden_size=args.hidden_size,
+        config = TransformerConfig(num_layers=args.num_layers, hidden_size=args.hidden_size,
                                       num_attention_heads=args.num_attention_heads,
                                       num_query_groups=args.num_query_groups, ffn_hidden_size=args.ffn_hidden_size,
                                       vocab_size=args.vocab_size,
@@ -70,14 +72,14 @@ def main(argv=None) -> int:
         checks = [f"tp{args.world}"] if args.quick else None
         if checks:
             try:
-                config.validate(hs.Layout.parse(checks[0]))
+                config.validate(Layout.parse(checks[0]))
             except ValueError:
                 checks = []
         profile, report = calibrate(
             config, world=args.world, lengths=lengths, repeats=repeats, timeout=args.timeout,
             message_bytes=list(QUICK_MESSAGE_BYTES if args.quick else DEFAULT_MESSAGE_BYTES),
             check_layouts=checks, memory_bytes=memory, base=args.base, name=args.name)
-        hs.save_profile(profile, args.out)
+        save_profile(profile, args.out)
     except ValueError as e:
         parser.error(str(e))
 

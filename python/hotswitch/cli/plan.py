@@ -1,0 +1,143 @@
+"""The planner's dry run: one step's plan, or a simulation of many.
+
+    python -m hotswitch.cli.plan --model llama-7b --gpus 32 --gpus-per-node 8 \\
+        --hardware a800 --lengths FILE --global-batch 512 --max-context 32768 \\
+        [--long-sequences truncate|split|reject] [--steps N] [--plot FILE.png]
+
+Lengths files hold one integer per line (tokens of one document). ``--hardware`` takes a
+preset name or a JSON file written by ``HardwareProfile.save`` (e.g. from
+``python -m hotswitch.calibration``). Switch costs come from ``hotswitch.planner``; nothing
+runs on devices.
+"""
+
+import argparse
+import random
+import sys
+import time
+
+from hotswitch import _C
+from hotswitch.analysis.simulate import simulate, switch_share
+from hotswitch.data import load_lengths
+from hotswitch.hardware import load_hardware
+from hotswitch.planner import PLANS_UP_TO_WORLD, auto_candidates, build_planner, free_planner
+
+__all__ = ["main"]
+
+
+def _table(plan, planner) -> str:
+    pieces = plan["pieces"]
+    rows = [f"{'phase':<6}{'layout':<12}{'seqs':>6}{'lengths':>14}{'micro-b':>9}{'pred s':>9}{'est s':>9}"
+            f"{'peak GiB':>9}{'switch in':>10}{'grad s':>9}  grad method"]
+    for k, ph in enumerate(plan["phases"]):
+        ls = [pieces[i][2] for i in ph["sequences"]]
+        mbs = sum(len(r) for r in ph["micro_batches"])
+        rows.append(f"{k:<6}{ph['layout'].name:<12}{len(ls):>6}{f'{min(ls)}-{max(ls)}':>14}{mbs:>9}"
+                    f"{ph['predicted_s']:>9.3f}{ph['estimate_s']:>9.3f}{ph['peak_bytes'] / 2**30:>9.1f}"
+                    f"{ph['switch_in_s']:>10.3f}{ph['grad_s']:>9.3f}  {ph['grad_method']}")
+    static = planner.candidates[plan["best_static"]].name
+    order = " -> ".join(ph["layout"].name for ph in plan["phases"])
+    rows.append(f"order {order} (home {planner.candidates[planner.home].name}); switch back {plan['switch_back_s']:.3f} s; switching "
+                f"{switch_share(plan, planner):.3f} s of the step")
+    rows.append(f"predicted step {plan['total_s']:.3f} s (objective {plan['objective_s']:.3f} s); "
+                f"best static {static}: {plan['best_static_s']:.3f} s; "
+                f"speedup {plan['best_static_s'] / plan['total_s']:.2f}x")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hotswitch.cli.plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama-7b", help=f"one of {', '.join(_C.ModelConfig.preset_names())}")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--hardware", default="a800",
+                        help=f"one of {', '.join(_C.HardwareProfile.preset_names())}, or a profile FILE.json")
+    parser.add_argument("--lengths", required=True, help="file with one sequence length per line")
+    parser.add_argument("--global-batch", type=int, default=512, help="sequences per step")
+    parser.add_argument("--max-context", type=int, default=32768, help="longest piece a layout must hold")
+    parser.add_argument("--long-sequences", default="truncate", choices=["truncate", "split", "reject"],
+                        help="what happens to sequences longer than --max-context")
+    parser.add_argument("--candidates", default="auto", help='"auto" or layouts, e.g. "dp8,dp2tp4,tp8"')
+    parser.add_argument("--home", default=None, help="home layout (default: the best static layout for the "
+                                                     "max context)")
+    parser.add_argument("--switch-costs", default="auto", choices=["auto", "plans", "estimate"],
+                        help=f"from redistribution plans or receive volumes (auto: plans up to "
+                             f"{PLANS_UP_TO_WORLD} GPUs)")
+    parser.add_argument("--steps", type=int, default=0, help="simulate this many steps")
+    parser.add_argument("--plot", default=None, help="draw the step's lengths and phases to this PNG file")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        for name in ("gpus", "gpus_per_node", "global_batch", "max_context"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        if args.steps < 0:
+            raise ValueError(f"--steps must be >= 0, got {args.steps}")
+        if args.plot is not None and not args.plot.endswith(".png"):
+            raise ValueError(f"--plot must name a .png file, got {args.plot!r}")
+        model = _C.ModelConfig.preset(args.model)
+        hardware = load_hardware(args.hardware)
+        topology = _C.Topology(args.gpus, args.gpus_per_node)
+        if args.candidates == "auto":
+            candidates = auto_candidates(model, args.gpus)
+        else:
+            candidates = [_C.Layout.parse(t) for t in args.candidates.split(",") if t]
+        if not candidates:
+            raise ValueError(f"no candidate layout of {args.gpus} GPUs divides {args.model}")
+        for layout in candidates:
+            layout.validate(args.gpus)
+            model.validate(layout)
+        names = [l.name for l in candidates]
+        home = None
+        if args.home is not None:
+            wanted = _C.Layout.parse(args.home).name
+            if wanted not in names:
+                raise ValueError(f"--home {args.home} is not among the candidates {names}")
+            home = names.index(wanted)
+        lengths = load_lengths(args.lengths)
+    except ValueError as e:
+        parser.error(str(e))
+
+    options = dict(max_context=args.max_context, long_sequences=args.long_sequences)
+    t0 = time.perf_counter()
+    rng = random.Random(args.seed)
+    batch = rng.sample(lengths, args.global_batch) if len(lengths) >= args.global_batch else \
+        [rng.choice(lengths) for _ in range(args.global_batch)]
+    cost = _C.CostModel(model, hardware, topology, zero=True)
+    if home is None:
+        # The home layout a Megatron user would run: the best static layout for the context.
+        n = len(candidates)
+        probe = _C.Planner(cost, candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, **options)
+        try:
+            home = probe.plan([min(l, args.max_context) for l in batch] + [args.max_context])["best_static"]
+        except ValueError as e:
+            parser.error(str(e))
+    planner = build_planner(model, hardware, topology, candidates, home, method=args.switch_costs, **options)
+    print(f"{len(candidates)} candidate layouts, home {candidates[home].name}, switch costs "
+          f"({args.switch_costs}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    t0 = time.perf_counter()
+    try:
+        plan = planner.plan(batch)
+    except ValueError as e:
+        parser.error(str(e))
+    elapsed = time.perf_counter() - t0
+    print(_table(plan, planner))
+    print(f"planned in {elapsed * 1e3:.1f} ms ({plan['candidates_used']} of {len(candidates)} layouts "
+          f"after dropping dominated ones)")
+    if args.plot:
+        from hotswitch.analysis.plots import plot_step
+        plot_step(plan, planner, args.plot)
+        print(f"plot written to {args.plot}")
+    if args.steps:
+        free = free_planner(planner, **options)
+        sim = simulate(planner, lengths, args.steps, args.global_batch, seed=args.seed + 1, free=free)
+        tokens = sim["tokens"]
+        print(f"simulated {args.steps} steps: tokens/s hot switching {tokens / sim['hot_s']:,.0f}, "
+              f"best static {tokens / sim['static_s']:,.0f}, free switches {tokens / sim['free_s']:,.0f}; "
+              f"speedup {sim['static_s'] / sim['hot_s']:.2f}x (upper bound {sim['static_s'] / sim['free_s']:.2f}x); "
+              f"switching {sim['switch_s'] / sim['hot_s']:.1%} of the time; median plan {sim['plan_ms']:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

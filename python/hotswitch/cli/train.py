@@ -1,0 +1,290 @@
+"""Trains a LLaMA-style model on a directory of text files, statically or with hot switching.
+
+    torchrun --nproc-per-node 4 -m hotswitch.train --num-layers 4 --hidden-size 128 \\
+        --num-attention-heads 4 --seq-length 1024 --global-batch-size 32 --train-iters 20 \\
+        --hot-switch --candidate-layouts auto --memory-budget-gb 0.05
+    /usr/bin/python3 -m hotswitch.launch --nproc-per-node 4 -m hotswitch.train ...   # same, no torchrun
+
+Arguments follow Megatron-LM's names. Without ``--hot-switch`` the run is static: one layout,
+dp = world / (tp * pp), from ``--tensor-model-parallel-size`` and
+``--pipeline-model-parallel-size``. With it, every step is planned over the candidate
+layouts. Gloo on CPU, NCCL when CUDA is available.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from hotswitch._C import HardwareProfile, Layout
+from hotswitch.data import Corpus, LengthAwareSampler
+from hotswitch.distributed import init_distributed
+from hotswitch.hardware import load_profile
+from hotswitch.logging import get_logger
+from hotswitch.model.config import TransformerConfig
+from hotswitch.runtime import Runtime
+
+__all__ = ["build_parser", "main", "parse_args"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hotswitch.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = p.add_argument_group("model")
+    m.add_argument("--num-layers", type=int, default=4)
+    m.add_argument("--hidden-size", type=int, default=128)
+    m.add_argument("--num-attention-heads", type=int, default=4)
+    m.add_argument("--num-query-groups", type=int, default=None, help="KV heads (default: attention heads)")
+    m.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 8/3 hidden, rounded up to 64")
+    m.add_argument("--seq-length", type=int, default=1024, help="the longest sequence (max context)")
+    m.add_argument("--max-position-embeddings", type=int, default=None, help="default: --seq-length")
+    m.add_argument("--vocab-size", type=int, default=None,
+                   help="default: the tokenizer's 258, padded to --make-vocab-size-divisible-by")
+    m.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    t = p.add_argument_group("training")
+    t.add_argument("--micro-batch-size", type=int, default=None,
+                   help="sequences of --seq-length per micro-batch: caps a micro-batch's tokens")
+    t.add_argument("--global-batch-size", type=int, default=32, help="sequences per step")
+    t.add_argument("--global-batch-tokens", type=int, default=None, help="tokens per step instead")
+    t.add_argument("--train-iters", type=int, default=10)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--weight-decay", type=float, default=0.01)
+    t.add_argument("--adam-beta1", type=float, default=0.9)
+    t.add_argument("--adam-beta2", type=float, default=0.95)
+    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over the home data group")
+    par = p.add_argument_group("parallelism")
+    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    par.add_argument("--hot-switch", action="store_true", help="plan a layout per bucket of every step")
+    par.add_argument("--candidate-layouts", default="auto", help='"auto" or e.g. "dp4,dp2tp2,tp2pp2"')
+    par.add_argument("--home-layout", default=None, help="layout of the master weights (default: chosen)")
+    par.add_argument("--memory-budget-gb", type=float, default=None, help="per-rank memory the plans respect")
+    par.add_argument("--hardware", default="a100", help="cost profile: a preset name or a calibrated JSON file")
+    par.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled peer raises")
+    par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
+                     help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
+    d = p.add_argument_group("data")
+    d.add_argument("--data-path", default=None, help="directory of text files (default: Python's stdlib)")
+    d.add_argument("--document-unit", default="block", choices=None, help="file or block")
+    d.add_argument("--long-sequences", default="truncate", help="truncate or split documents over --seq-length")
+    d.add_argument("--max-files", type=int, default=None)
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--save", default=None, help="directory to save checkpoints in")
+    c.add_argument("--save-interval", type=int, default=None, help="save every N steps (and at the end)")
+    c.add_argument("--load", default=None, help="checkpoint (step_N or a --save directory) to start from")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint of --load (default: --save) when there is one")
+    o = p.add_argument_group("output")
+    o.add_argument("--log-interval", type=int, default=1)
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--summary-json", default=None, help="write the end-of-run summary to this file (rank 0)")
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) -> argparse.Namespace:
+    """Parses and checks the arguments; exits with status 2 naming the bad value."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    positive = ["num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
+                "train_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                "make_vocab_size_divisible_by", "log_interval"]
+    for name in positive:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("num_query_groups", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
+                 "micro_batch_size", "global_batch_tokens", "max_files", "save_interval"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not math.isfinite(args.lr) or args.lr <= 0:
+        parser.error(f"--lr must be a positive number, got {args.lr}")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.memory_budget_gb is not None and (not math.isfinite(args.memory_budget_gb) or args.memory_budget_gb <= 0):
+        parser.error(f"--memory-budget-gb must be a positive number, got {args.memory_budget_gb}")
+    if args.document_unit not in ("file", "block"):
+        parser.error(f"--document-unit must be file or block, got {args.document_unit!r}")
+    if args.long_sequences not in ("truncate", "split"):
+        parser.error(f"--long-sequences must be truncate or split, got {args.long_sequences!r}")
+    if args.resume and not (args.load or args.save):
+        parser.error("--resume needs --load or --save to name the checkpoint directory")
+    if args.save_interval is not None and not args.save:
+        parser.error(f"--save-interval {args.save_interval} needs --save")
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.max_position_embeddings < args.seq_length:
+        parser.error(f"--max-position-embeddings({args.max_position_embeddings}) must be >= "
+                     f"--seq-length({args.seq_length})")
+    if args.num_query_groups is None:
+        args.num_query_groups = args.num_attention_heads
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = -(-8 * args.hidden_size // 3 // 64) * 64
+    if args.vocab_size is None:
+        k = args.make_vocab_size_divisible_by
+        args.vocab_size = -(-258 // k) * k
+    elif args.vocab_size < 258:
+        parser.error(f"--vocab-size({args.vocab_size}) must hold the byte tokenizer's 258 tokens")
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if world is not None and not args.hot_switch and world % (tp * pp):
+        parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) model parallel size")
+    return args
+
+
+def _layouts(args, world: int):
+    """(candidates, home) for the runtime."""
+    if not args.hot_switch:
+        tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+        static = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
+        return [static], static
+    if args.candidate_layouts == "auto":
+        return "auto", args.home_layout
+    return [Layout.parse(n.strip()) for n in args.candidate_layouts.split(",") if n.strip()], args.home_layout
+
+
+def _hardware(name: str):
+    if name in HardwareProfile.preset_names():
+        return HardwareProfile.preset(name)
+    if name.endswith(".json"):
+        return load_profile(name)
+    raise ValueError(f"--hardware {name!r} is neither a preset ({', '.join(HardwareProfile.preset_names())}) "
+                     "nor a .json profile")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    world_env = os.environ.get("WORLD_SIZE", "1")
+    args = parse_args(argv, int(world_env) if world_env.isdigit() else None)
+    parser = build_parser()
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(local) if local.isdigit() else 1)))
+    try:
+        rank, world, _ = init_distributed(timeout_s=args.timeout)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        config = TransformerConfig(
+            num_layers=args.num_layers, hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
+            ffn_hidden_size=args.ffn_hidden_size, vocab_size=args.vocab_size,
+            max_position_embeddings=args.max_position_embeddings,
+            tied_embedding=not args.untie_embeddings_and_output_weights)
+        candidates, home = _layouts(args, world)
+        hardware = _hardware(args.hardware)
+        corpus = Corpus(args.data_path, max_files=args.max_files, unit=args.document_unit)
+        sampler = LengthAwareSampler(
+            corpus, max_length=args.seq_length,
+            global_batch_size=None if args.global_batch_tokens else args.global_batch_size,
+            global_batch_tokens=args.global_batch_tokens, seed=args.seed, long_sequences=args.long_sequences)
+        budget = None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30)
+        cap = None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length
+        runtime = Runtime(
+            config, candidates=candidates, home=home, hardware=hardware, memory_budget_bytes=budget,
+            max_context=args.seq_length, zero=args.use_distributed_optimizer, seed=args.seed,
+            timeout=args.timeout, recalibrate=args.recalibrate,
+            max_tokens_per_micro_batch=cap,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
+                                                       betas=(args.adam_beta1, args.adam_beta2)))
+    except ValueError as e:
+        parser.error(str(e))
+
+    log = get_logger("train")
+    start_step = 0
+    source = args.load or (args.save if args.resume else None)
+    if source:
+        from hotswitch.checkpoint import latest_checkpoint
+        path = source if os.path.exists(os.path.join(source, "metadata.json")) else latest_checkpoint(source)
+        if path is None and not args.resume:
+            parser.error(f"--load {source!r} holds no checkpoint")
+        if path is not None:
+            info = runtime.load_checkpoint(path)
+            if info["data_state"]:
+                sampler.load_state_dict(info["data_state"])
+            start_step = info["step"]
+            if rank == 0:
+                print(f"resumed from {path} at step {start_step}", flush=True)
+    bar = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=args.train_iters, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
+    results = []
+    for it in range(start_step, args.train_iters):
+        batch = sampler.next_batch()
+        result = runtime.train_step(batch)
+        results.append(result)
+        tps = result.tokens / result.seconds
+        layouts = "+".join(result.layouts)
+        if bar is not None:
+            bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | {layouts}")
+            bar.update(1)
+        if rank == 0 and (it + 1) % args.log_interval == 0:
+            msg = (f"step {result.step}: loss {result.loss:.4f}, {len(batch)} seqs, {result.tokens} tokens, "
+                   f"{result.seconds:.2f} s ({tps:,.0f} tok/s), phases {layouts}, switch {result.switch_seconds:.3f} s, "
+                   f"predicted {result.predicted_s:.2f} s")
+            if bar is not None:
+                bar.write(msg)
+            else:
+                print(msg, flush=True)
+        last = it + 1 == args.train_iters
+        if args.save and (last or (args.save_interval and (it + 1) % args.save_interval == 0)):
+            path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict())
+            if rank == 0:
+                (bar.write if bar is not None else print)(f"saved {path}")
+    if bar is not None:
+        bar.close()
+
+    summary = _summary(results, runtime, world)
+    if rank == 0:
+        print(_format_summary(summary), flush=True)
+        if args.summary_json:
+            with open(args.summary_json, "w") as f:
+                json.dump(summary, f, indent=1)
+    log.debug("rank %d done", rank)
+    dist.barrier()
+    return 0
+
+
+def _summary(results, runtime, world: int) -> dict:
+    steps = len(results)
+    seconds = sum(r.seconds for r in results)
+    tokens = sum(r.tokens for r in results)
+    switch = sum(r.switch_seconds for r in results)
+    warm = runtime.prediction_errors[1:] or runtime.prediction_errors
+    return {
+        "steps": steps,
+        "world": world,
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds else 0.0,
+        "switch_seconds": round(switch, 3),
+        "switch_share": round(switch / seconds, 4) if seconds else 0.0,
+        "final_loss": results[-1].loss if results else None,
+        "losses": [r.loss for r in results],
+        "step_seconds": [round(r.seconds, 4) for r in results],
+        "step_tokens": [r.tokens for r in results],
+        "step_switch_seconds": [round(r.switch_seconds, 4) for r in results],
+        "step_layouts": [r.layouts for r in results],
+        "prediction_errors": [round(e, 4) for e in runtime.prediction_errors],
+        "pred_error_median": round(statistics.median(warm), 4) if warm else None,
+        "layouts": sorted({l for r in results for l in r.layouts}),
+        "home": runtime.home.name,
+    }
+
+
+def _format_summary(s: dict) -> str:
+    if not s["steps"]:
+        return f"summary: no steps to run (the checkpoint is already at --train-iters); home {s['home']}"
+    return (f"summary: {s['steps']} steps on {s['world']} ranks, {s['tokens']} tokens in {s['seconds']:.1f} s "
+            f"({s['tokens_per_s']:,.0f} tok/s); time in switches {s['switch_seconds']:.2f} s "
+            f"({100 * s['switch_share']:.1f}%); prediction error median {s['pred_error_median']}; "
+            f"final loss {s['final_loss']:.4f}; layouts used {', '.join(s['layouts'])} (home {s['home']})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""``RuntimeConfig``: every setting of a ``Runtime``, one field each. The ranks of a job agree
+on all of its fields when the runtime is built (a digest of every field, so no new setting can
+be left out of the check). The command line maps Megatron-LM's arguments onto it in one place,
+``hotswitch.cli.train.runtime_config``.
+"""
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+from hotswitch._C import HardwareProfile, Layout, Topology
+from hotswitch._checks import check_bool, check_choice, check_int
+from hotswitch.redistribute import DEFAULT_TIMEOUT_S
+
+__all__ = ["GRAD_METHODS", "NONFINITE_POLICIES", "RuntimeConfig"]
+
+# How a phase's gradients reach the home accumulator: "auto" takes the planner's choice per
+# phase; the others force one of the planner's methods ("local" is the home layout's own).
+GRAD_METHODS = ("auto", "partial", "reduce")
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """The settings of a ``hotswitch.Runtime``. Checked when built: a bad value raises
+    ``ValueError`` naming the field."""
+
+    candidates: Union[str, Sequence[Union[str, Layout]]] = "auto"
+    """``"auto"`` (every layout of the world the model divides) or the layouts the planner may
+    use, as ``Layout`` objects or names like ``"dp2tp2"``."""
+
+    home: Optional[Union[str, Layout]] = None
+    """The layout of the master weights, optimizer state and gradient accumulator. Default:
+    the candidate the planner finds fastest for a batch of one ``max_context`` sequence, what
+    a static run would pick."""
+
+    hardware: Optional[HardwareProfile] = None
+    """The cost model's hardware profile (a preset or calibrated). Default: the ``a100`` preset."""
+
+    memory_budget_bytes: Optional[int] = None
+    """Per-rank memory the planner never exceeds, overriding the profile's ``memory_bytes``."""
+
+    max_context: Optional[int] = None
+    """The longest sequence a step may hold, in tokens. Default: the model's
+    ``max_position_embeddings``."""
+
+    max_tokens_per_micro_batch: Optional[int] = None
+    """A cap on a micro-batch's tokens below what memory allows (Megatron's micro-batch size
+    times the sequence length); at least ``max_context``. Default: memory alone decides."""
+
+    zero: bool = False
+    """ZeRO-1: master weights and optimizer state sharded over the home layout's data group."""
+
+    grad_method: str = "auto"
+    """How a phase's gradients move into the home accumulator: ``"auto"`` (the planner's
+    cheaper choice per phase), ``"partial"`` (unreduced summands, summed by the switch) or
+    ``"reduce"`` (reduced over the phase's data group, then switched)."""
+
+    seed: int = 0
+    """Seed of the initial weights: the same logical weights whatever the layout."""
+
+    timeout: float = DEFAULT_TIMEOUT_S
+    """Seconds every switch and the runtime's own collectives wait for a peer before raising
+    ``SwitchTimeout``/``SwitchFault``."""
+
+    recalibrate: bool = True
+    """Refit the cost model from measured times after every step (``hotswitch.calibration.online``).
+    Plans then follow the machine; pass ``False`` for bit-reproducible runs and bitwise resumes."""
+
+    nonfinite: str = "raise"
+    """A NaN or infinite loss raises ``NonFiniteLoss`` (``"raise"``) or skips the optimizer step
+    (``"skip"``)."""
+
+    topology: Optional[Topology] = None
+    """Ranks per node. Default: ``LOCAL_WORLD_SIZE`` (torchrun's) ranks per node, or one node."""
+
+    def __post_init__(self):
+        check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        check_choice("grad_method", self.grad_method, GRAD_METHODS)
+        check_bool("zero", self.zero)
+        check_bool("recalibrate", self.recalibrate)
+        check_int("seed", self.seed, 0)
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+        for name in ("max_context", "max_tokens_per_micro_batch", "memory_budget_bytes"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1)
+        if self.hardware is not None and not isinstance(self.hardware, HardwareProfile):
+            raise ValueError(f"hardware must be a hotswitch.HardwareProfile, got {type(self.hardware).__name__}")
+        if self.topology is not None and not isinstance(self.topology, Topology):
+            raise ValueError(f"topology must be a hotswitch.Topology, got {self.topology!r}")
+
+    def digest_fields(self) -> tuple:
+        """Every field as plain values (layouts by name, profiles by their fields), in field
+        order: what the ranks compare."""
+        def plain(value):
+            if isinstance(value, Layout):
+                return value.name
+            if isinstance(value, HardwareProfile):
+                return tuple(sorted(value.to_dict().items()))
+            if isinstance(value, Topology):
+                return (value.world, value.ranks_per_node)
+            if isinstance(value, (list, tuple)):
+                return tuple(plain(v) for v in value)
+            return value
+
+        return tuple((f.name, plain(getattr(self, f.name))) for f in dataclasses.fields(self))

@@ -1,0 +1,119 @@
+"""Builds a step ``Planner`` for a model: its candidate layouts and the seconds of every
+switch it weighs, taken from the redistribution plans of the model's parameters and gradients
+between the layouts (largest per-rank send over the link it crosses) or, for large worlds,
+from their per-rank receive volumes (``SwitchEstimate``). Nothing runs on devices.
+
+The dry run over these is ``python -m hotswitch.cli.plan``; simulations of many steps are in
+``hotswitch.analysis.simulate``.
+"""
+
+from typing import Dict, List, Tuple
+
+from hotswitch import _C
+from hotswitch.redistribute import plan_switch
+from hotswitch.specs import llama_tensor_set
+
+__all__ = [
+    "PLANS_UP_TO_WORLD",
+    "auto_candidates",
+    "build_planner",
+    "free_planner",
+    "redistribution_seconds",
+    "switch_costs",
+]
+
+# Worlds up to this size get switch costs from real redistribution plans by default.
+PLANS_UP_TO_WORLD = 64
+
+
+def auto_candidates(model: "_C.ModelConfig", world: int) -> List["_C.Layout"]:
+    """Every (dp, tp, pp) layout of the world that the model's heads, groups, FFN and layers divide."""
+    out = []
+    for layout in _C.Layout.enumerate(world):
+        try:
+            model.validate(layout)
+        except ValueError:
+            continue
+        out.append(layout)
+    return out
+
+
+def redistribution_seconds(plan, hardware, topology) -> float:
+    """The slowest rank of a plan's exchange: per rank, what it sends (and, separately, what
+    it receives) within its node over the intra-node bandwidth plus across nodes over the
+    inter-node bandwidth; links are full duplex."""
+    world, per_node = topology.world, topology.ranks_per_node
+    load = [[0.0, 0.0] for _ in range(world)]  # [send, recv] seconds
+    for src, dst, size, _ in plan.messages():
+        bandwidth = hardware.intra_node_bandwidth if src // per_node == dst // per_node \
+            else hardware.inter_node_bandwidth
+        load[src][0] += size / bandwidth
+        load[dst][1] += size / bandwidth
+    return max((max(r) for r in load), default=0.0)
+
+
+def switch_costs(model, hardware, topology, candidates, home, zero=True, method="auto",
+                 cache=None) -> Tuple[List[List[float]], List[float], List[float]]:
+    """Seconds of the switches the planner weighs, per candidate layout.
+
+    Returns ``(params, reduced_grads, partial_grads)``: ``params[i][j]`` moves the bf16
+    parameters from candidate i to j; ``reduced_grads[i]`` moves a phase's fp32 gradients,
+    already reduced over candidate i's data group (ZeRO shards of it when ``zero``), into the
+    home layout's accumulator (ZeRO shards when ``zero``); ``partial_grads[i]`` moves the
+    unreduced summands there instead, summed on arrival. Both are 0 for the home layout.
+    ``method``: ``"plans"`` (the redistribution plan's slowest rank: its sends, or its receives,
+    over the links they cross), ``"estimate"`` (the slowest rank's receives alone,
+    ``SwitchEstimate``; no plan is built), or ``"auto"`` (plans up to ``PLANS_UP_TO_WORLD``
+    ranks).
+    """
+    if method not in ("auto", "plans", "estimate"):
+        raise ValueError(f"switch cost method must be auto, plans or estimate, got {method!r}")
+    if method == "auto":
+        method = "plans" if topology.world <= PLANS_UP_TO_WORLD else "estimate"
+    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
+             model.num_query_groups, model.vocab_size)
+    params = llama_tensor_set(*shape, dtype="bfloat16" if model.param_bytes == 2 else "float32")
+    grads = llama_tensor_set(*shape, dtype="float32")
+    grad_kind = "zero" if zero else "sharded"
+    homel = candidates[home]
+    n = len(candidates)
+    if method == "plans":
+        cache = _C.PlanCache() if cache is None else cache
+
+        def seconds(ts, a, ka, b, kb):
+            return redistribution_seconds(plan_switch(ts, a, b, src_kind=ka, dst_kind=kb, topology=topology, cache=cache),
+                                 hardware, topology)
+    else:
+        placements: Dict[tuple, "_C.Placement"] = {}
+
+        def placement(ts, layout, kind):
+            key = (id(ts), layout.name, kind)
+            if key not in placements:
+                placements[key] = _C.Placement(ts, layout, kind)
+            return placements[key]
+
+        def seconds(ts, a, ka, b, kb):
+            est = _C.SwitchEstimate.of(ts, placement(ts, a, ka), placement(ts, b, kb), topology)
+            return est.seconds(hardware.intra_node_bandwidth, hardware.inter_node_bandwidth)
+
+    switch = [[0.0 if i == j else seconds(params, a, "sharded", b, "sharded")
+               for j, b in enumerate(candidates)] for i, a in enumerate(candidates)]
+    reduced = [0.0 if i == home else seconds(grads, l, grad_kind, homel, grad_kind) for i, l in enumerate(candidates)]
+    partial = [0.0 if i == home else seconds(grads, l, "partial", homel, grad_kind) for i, l in enumerate(candidates)]
+    return switch, reduced, partial
+
+
+def build_planner(model, hardware, topology, candidates, home, zero=True, method="auto", costs=None,
+                  **options) -> "_C.Planner":
+    """A Planner over the candidates with switch costs from ``switch_costs`` (or ``costs``,
+    its result). ``options`` go to ``Planner`` (max_context, long_sequences, ...)."""
+    switch, reduced, partial = costs or switch_costs(model, hardware, topology, candidates, home, zero, method)
+    return _C.Planner(_C.CostModel(model, hardware, topology, zero=zero), candidates, home, switch, reduced,
+                      partial, **options)
+
+
+def free_planner(planner: "_C.Planner", **options) -> "_C.Planner":
+    """The same planner with free switches: the upper bound of bucketing."""
+    n = len(planner.candidates)
+    return _C.Planner(planner.cost, planner.candidates, planner.home, [[0.0] * n for _ in range(n)], [0.0] * n,
+                      [0.0] * n, **options)

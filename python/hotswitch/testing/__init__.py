@@ -1,0 +1,5 @@
+"""Test support, for hotswitch's tests and benchmarks and for users' own: a multi-process
+harness over a temp-file store (``harness.run_world``), scripted faults through the
+runtime's hook points (``faults``), and the static single-layout trainer that serves as the
+single-process reference (``reference``).
+"""
