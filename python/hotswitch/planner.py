@@ -17,23 +17,51 @@ __all__ = [
     "PLANS_UP_TO_WORLD",
     "auto_candidates",
     "build_planner",
+    "check_candidates",
     "free_planner",
     "redistribution_seconds",
     "switch_costs",
+    "tensor_switch_costs",
 ]
 
 # Worlds up to this size get switch costs from real redistribution plans by default.
 PLANS_UP_TO_WORLD = 64
 
 
-def auto_candidates(model: "_C.ModelConfig", world: int) -> List["_C.Layout"]:
-    """Every (dp, tp, pp) layout of the world that the model's heads, groups, FFN and layers divide."""
+def auto_candidates(model, world: int) -> List["_C.Layout"]:
+    """Every layout of the world that the model (a ``ModelConfig`` or ``TransformerConfig``:
+    anything with ``validate(layout)``) divides: heads, query groups, FFN and layers."""
     out = []
     for layout in _C.Layout.enumerate(world):
         try:
             model.validate(layout)
         except ValueError:
             continue
+        out.append(layout)
+    return out
+
+
+def check_candidates(model, world: int, candidates) -> List["_C.Layout"]:
+    """The planner's candidate layouts from ``"auto"`` (``auto_candidates``) or a non-empty list
+    of layouts or names like ``"dp2tp2"``, each checked against the world and the model.
+    ValueError naming the layout for one that does not fit, is listed twice, or when no layout
+    is left."""
+    if candidates == "auto":
+        out = auto_candidates(model, world)
+        if not out:
+            raise ValueError(f"no layout of world {world} divides the model")
+        return out
+    if isinstance(candidates, str) or not isinstance(candidates, (list, tuple)) or not candidates:
+        raise ValueError(f'candidates must be "auto" or a non-empty list of layouts, got {candidates!r}')
+    out = []
+    for c in candidates:
+        layout = _C.Layout.parse(c) if isinstance(c, str) else c
+        if not isinstance(layout, _C.Layout):
+            raise ValueError(f"candidate {c!r} is not a layout or layout name")
+        layout.validate(world)
+        model.validate(layout)
+        if layout.name in [l.name for l in out]:
+            raise ValueError(f"candidate layout {layout.name} is listed twice")
         out.append(layout)
     return out
 
@@ -54,13 +82,29 @@ def redistribution_seconds(plan, hardware, topology) -> float:
 
 def switch_costs(model, hardware, topology, candidates, home, zero=True, method="auto",
                  cache=None) -> Tuple[List[List[float]], List[float], List[float]]:
-    """Seconds of the switches the planner weighs, per candidate layout.
+    """Seconds of the switches the planner weighs, per candidate layout, for a ``ModelConfig``:
+    bf16 parameters (fp32 when the model's parameters are), fp32 gradients, reduced ones
+    ZeRO-sharded over the phase's data group when ``zero``. See ``tensor_switch_costs``."""
+    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
+             model.num_query_groups, model.vocab_size)
+    params = llama_tensor_set(*shape, dtype="bfloat16" if model.param_bytes == 2 else "float32")
+    grads = llama_tensor_set(*shape, dtype="float32")
+    kind = "zero" if zero else "sharded"
+    return tensor_switch_costs(params, grads, hardware, topology, candidates, home, home_placement=kind,
+                               reduced_placement=kind, method=method, cache=cache)
 
-    Returns ``(params, reduced_grads, partial_grads)``: ``params[i][j]`` moves the bf16
-    parameters from candidate i to j; ``reduced_grads[i]`` moves a phase's fp32 gradients,
-    already reduced over candidate i's data group (ZeRO shards of it when ``zero``), into the
-    home layout's accumulator (ZeRO shards when ``zero``); ``partial_grads[i]`` moves the
-    unreduced summands there instead, summed on arrival. Both are 0 for the home layout.
+
+def tensor_switch_costs(params, grads, hardware, topology, candidates, home, home_placement="sharded",
+                        reduced_placement="sharded", method="auto",
+                        cache=None) -> Tuple[List[List[float]], List[float], List[float]]:
+    """Seconds of the switches the planner weighs, per candidate layout, for the tensor sets
+    ``params`` and ``grads``.
+
+    Returns ``(params, reduced_grads, partial_grads)``: ``params[i][j]`` moves the parameters
+    from candidate i to j; ``reduced_grads[i]`` moves a phase's gradients, already reduced
+    over candidate i's data group (in ``reduced_placement``), into the home layout's
+    accumulator (in ``home_placement``); ``partial_grads[i]`` moves the unreduced summands
+    there instead, summed on arrival. Both are 0 for the home layout (index ``home``).
     ``method``: ``"plans"`` (the redistribution plan's slowest rank: its sends, or its receives,
     over the links they cross), ``"estimate"`` (the slowest rank's receives alone,
     ``SwitchEstimate``; no plan is built), or ``"auto"`` (plans up to ``PLANS_UP_TO_WORLD``
@@ -70,19 +114,13 @@ def switch_costs(model, hardware, topology, candidates, home, zero=True, method=
         raise ValueError(f"switch cost method must be auto, plans or estimate, got {method!r}")
     if method == "auto":
         method = "plans" if topology.world <= PLANS_UP_TO_WORLD else "estimate"
-    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
-             model.num_query_groups, model.vocab_size)
-    params = llama_tensor_set(*shape, dtype="bfloat16" if model.param_bytes == 2 else "float32")
-    grads = llama_tensor_set(*shape, dtype="float32")
-    grad_kind = "zero" if zero else "sharded"
     homel = candidates[home]
-    n = len(candidates)
     if method == "plans":
         cache = _C.PlanCache() if cache is None else cache
 
         def seconds(ts, a, ka, b, kb):
-            return redistribution_seconds(plan_switch(ts, a, b, src_kind=ka, dst_kind=kb, topology=topology, cache=cache),
-                                 hardware, topology)
+            plan = plan_switch(ts, a, b, src_kind=ka, dst_kind=kb, topology=topology, cache=cache)
+            return redistribution_seconds(plan, hardware, topology)
     else:
         placements: Dict[tuple, "_C.Placement"] = {}
 
@@ -98,8 +136,10 @@ def switch_costs(model, hardware, topology, candidates, home, zero=True, method=
 
     switch = [[0.0 if i == j else seconds(params, a, "sharded", b, "sharded")
                for j, b in enumerate(candidates)] for i, a in enumerate(candidates)]
-    reduced = [0.0 if i == home else seconds(grads, l, grad_kind, homel, grad_kind) for i, l in enumerate(candidates)]
-    partial = [0.0 if i == home else seconds(grads, l, "partial", homel, grad_kind) for i, l in enumerate(candidates)]
+    reduced = [0.0 if i == home else seconds(grads, l, reduced_placement, homel, home_placement)
+               for i, l in enumerate(candidates)]
+    partial = [0.0 if i == home else seconds(grads, l, "partial", homel, home_placement)
+               for i, l in enumerate(candidates)]
     return switch, reduced, partial
 
 

@@ -36,10 +36,10 @@ from hotswitch.model.batch import MicroBatch
 from hotswitch.model.config import TransformerConfig
 from hotswitch.model.groups import ParallelGroups, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
-from hotswitch.planner import redistribution_seconds
+from hotswitch.planner import check_candidates, tensor_switch_costs
 from hotswitch.config import RuntimeConfig
 from hotswitch.hooks import Hooks
-from hotswitch.redistribute import default_topology, plan_switch, switch
+from hotswitch.redistribute import default_topology, switch
 
 __all__ = ["NonFiniteLoss", "PhaseResult", "Runtime", "StepResult"]
 
@@ -169,7 +169,7 @@ class Runtime:
         self.step = 0
         zero, seed = s.zero, s.seed
 
-        self.candidates = self._candidates(s.candidates)
+        self.candidates = check_candidates(config, self.world, s.candidates)
         hardware = HardwareProfile.preset("a100") if s.hardware is None else s.hardware
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
@@ -215,32 +215,6 @@ class Runtime:
 
     # ----------------------------------------------------------------------------- set-up
 
-    def _candidates(self, candidates) -> List["_C.Layout"]:
-        if candidates == "auto":
-            out = []
-            for layout in Layout.enumerate(self.world):
-                try:
-                    self.config.validate(layout)
-                except ValueError:
-                    continue
-                out.append(layout)
-            if not out:
-                raise ValueError(f"no layout of world {self.world} divides the model")
-            return out
-        if isinstance(candidates, str) or not isinstance(candidates, (list, tuple)) or not candidates:
-            raise ValueError(f'candidates must be "auto" or a non-empty list of layouts, got {candidates!r}')
-        out = []
-        for c in candidates:
-            layout = Layout.parse(c) if isinstance(c, str) else c
-            if not isinstance(layout, _C.Layout):
-                raise ValueError(f"candidate {c!r} is not a layout or layout name")
-            layout.validate(self.world)
-            self.config.validate(layout)
-            if layout.name in [l.name for l in out]:
-                raise ValueError(f"candidate layout {layout.name} is listed twice")
-            out.append(layout)
-        return out
-
     def _home(self, home, free) -> "_C.Layout":
         names = [l.name for l in self.candidates]
         if home is None:
@@ -254,15 +228,9 @@ class Runtime:
         """Seconds of every switch the planner weighs, from the redistribution plans of this
         model's tensors: parameters between candidates; a phase's gradients into the home
         accumulator, reduced over its data group first or as partial summands."""
-        seconds = lambda a, ka, b, kb: redistribution_seconds(  # noqa: E731
-            plan_switch(self.tensor_set, a, b, src_kind=ka, dst_kind=kb, topology=self.topology),
-            self.hardware, self.topology)
-        home = self.home.name
-        params = [[0.0 if a.name == b.name else seconds(a, "sharded", b, "sharded") for b in self.candidates]
-                  for a in self.candidates]
-        reduced = [0.0 if l.name == home else seconds(l, "sharded", self.home, self.home_placement) for l in self.candidates]
-        partial = [0.0 if l.name == home else seconds(l, "partial", self.home, self.home_placement) for l in self.candidates]
-        return params, reduced, partial
+        home = [l.name for l in self.candidates].index(self.home.name)
+        return tensor_switch_costs(self.tensor_set, self.tensor_set, self.hardware, self.topology, self.candidates,
+                                   home, home_placement=self.home_placement, method="plans")
 
     def _build_planner(self, cost=None):
         home = [l.name for l in self.candidates].index(self.home.name)

@@ -19,7 +19,7 @@ from hotswitch import _C
 from hotswitch.analysis.simulate import simulate, switch_share
 from hotswitch.data import load_lengths
 from hotswitch.hardware import load_hardware
-from hotswitch.planner import PLANS_UP_TO_WORLD, auto_candidates, build_planner, free_planner
+from hotswitch.planner import PLANS_UP_TO_WORLD, build_planner, check_candidates, free_planner
 
 __all__ = ["main"]
 
@@ -78,15 +78,8 @@ def main(argv=None) -> int:
         model = _C.ModelConfig.preset(args.model)
         hardware = load_hardware(args.hardware)
         topology = _C.Topology(args.gpus, args.gpus_per_node)
-        if args.candidates == "auto":
-            candidates = auto_candidates(model, args.gpus)
-        else:
-            candidates = [_C.Layout.parse(t) for t in args.candidates.split(",") if t]
-        if not candidates:
-            raise ValueError(f"no candidate layout of {args.gpus} GPUs divides {args.model}")
-        for layout in candidates:
-            layout.validate(args.gpus)
-            model.validate(layout)
+        candidates = check_candidates(model, args.gpus, "auto" if args.candidates == "auto" else
+                                      [t for t in args.candidates.split(",") if t])
         names = [l.name for l in candidates]
         home = None
         if args.home is not None:

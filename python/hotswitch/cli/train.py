@@ -22,15 +22,16 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from hotswitch._C import HardwareProfile, Layout
+from hotswitch._C import Layout
 from hotswitch.data import Corpus, LengthAwareSampler
 from hotswitch.distributed import init_distributed
-from hotswitch.hardware import load_profile
+from hotswitch.config import RuntimeConfig
+from hotswitch.hardware import load_hardware
 from hotswitch.logging import get_logger
 from hotswitch.model.config import TransformerConfig
 from hotswitch.runtime import Runtime
 
-__all__ = ["build_parser", "main", "parse_args"]
+__all__ = ["build_parser", "main", "parse_args", "runtime_config"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,24 +139,27 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     return args
 
 
-def _layouts(args, world: int):
-    """(candidates, home) for the runtime."""
-    if not args.hot_switch:
+def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
+    """Megatron-LM's arguments as the runtime's settings: the one place they meet.
+
+    ``--tensor-model-parallel-size``/``--pipeline-model-parallel-size`` give the static layout
+    (dp = world / (tp * pp)) without ``--hot-switch``; with it, ``--candidate-layouts`` and
+    ``--home-layout`` the planner's choices. ``--micro-batch-size`` times ``--seq-length``
+    caps a micro-batch's tokens; ``--use-distributed-optimizer`` is ZeRO-1."""
+    if args.hot_switch:
+        home = args.home_layout
+        candidates = "auto" if args.candidate_layouts == "auto" else \
+            [Layout.parse(n.strip()) for n in args.candidate_layouts.split(",") if n.strip()]
+    else:
         tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-        static = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
-        return [static], static
-    if args.candidate_layouts == "auto":
-        return "auto", args.home_layout
-    return [Layout.parse(n.strip()) for n in args.candidate_layouts.split(",") if n.strip()], args.home_layout
-
-
-def _hardware(name: str):
-    if name in HardwareProfile.preset_names():
-        return HardwareProfile.preset(name)
-    if name.endswith(".json"):
-        return load_profile(name)
-    raise ValueError(f"--hardware {name!r} is neither a preset ({', '.join(HardwareProfile.preset_names())}) "
-                     "nor a .json profile")
+        home = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
+        candidates = [home]
+    return RuntimeConfig(
+        candidates=candidates, home=home, hardware=load_hardware(args.hardware),
+        memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30),
+        max_context=args.seq_length,
+        max_tokens_per_micro_batch=None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length,
+        zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -175,20 +179,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             ffn_hidden_size=args.ffn_hidden_size, vocab_size=args.vocab_size,
             max_position_embeddings=args.max_position_embeddings,
             tied_embedding=not args.untie_embeddings_and_output_weights)
-        candidates, home = _layouts(args, world)
-        hardware = _hardware(args.hardware)
+        settings = runtime_config(args, world)
         corpus = Corpus(args.data_path, max_files=args.max_files, unit=args.document_unit)
         sampler = LengthAwareSampler(
             corpus, max_length=args.seq_length,
             global_batch_size=None if args.global_batch_tokens else args.global_batch_size,
             global_batch_tokens=args.global_batch_tokens, seed=args.seed, long_sequences=args.long_sequences)
-        budget = None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30)
-        cap = None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length
         runtime = Runtime(
-            config, candidates=candidates, home=home, hardware=hardware, memory_budget_bytes=budget,
-            max_context=args.seq_length, zero=args.use_distributed_optimizer, seed=args.seed,
-            timeout=args.timeout, recalibrate=args.recalibrate,
-            max_tokens_per_micro_batch=cap,
+            config, settings,
             optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
                                                        betas=(args.adam_beta1, args.adam_beta2)))
     except ValueError as e:
