@@ -40,6 +40,7 @@ from hotswitch.model import (  # noqa: E402
     init_shards,
     split_replicas,
 )
+from hotswitch.config import RuntimeConfig  # noqa: E402
 from hotswitch.runtime import NonFiniteLoss, PhaseResult, Runtime, StepResult  # noqa: E402
 from hotswitch.checkpoint import CheckpointError  # noqa: E402
 from hotswitch.distributed import init_distributed, spawn  # noqa: E402
@@ -60,6 +61,7 @@ __all__ = [
     "Placement",
     "Planner",
     "Runtime",
+    "RuntimeConfig",
     "StepResult",
     "SwitchFault",
     "SwitchResult",
