@@ -7,7 +7,7 @@ peak on linear layers and on causal attention), ``memory_bytes`` (per-rank budge
 ``intra_node_latency`` / ``inter_node_latency`` (seconds per message),
 ``layer_overhead_seconds`` (per layer and micro-batch, forward and backward) and
 ``sequence_overhead_seconds`` (per layer and sequence). Calibrated profiles
-(``hotswitch.calibrate``) and presets load and plan alike.
+(``hotswitch.calibrate``, ``python -m hotswitch.calibration``) and presets load and plan alike.
 """
 
 import json

@@ -1,7 +1,7 @@
 """Writes the token lengths of a directory of text files, one per line: the input of
-``python -m hotswitch.plan --lengths`` and of the planner benchmark.
+``python -m hotswitch.cli.plan --lengths`` and of the planner benchmark.
 
-    /usr/bin/python3 -m hotswitch.lengths [DIR] -o FILE [--max-files N] [--unit file|block]
+    /usr/bin/python3 -m hotswitch.cli.lengths [DIR] -o FILE [--max-files N] [--unit file|block]
 
 DIR defaults to the Python standard library's source tree; documents are tokenized with
 hotswitch's byte-level tokenizer (``hotswitch.data``), so a length counts BOS, bytes and EOS.
@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hotswitch.lengths", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m hotswitch.cli.lengths", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", nargs="?", default=None,
                         help=f"directory of text files (default: {default_corpus_dir()})")

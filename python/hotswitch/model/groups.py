@@ -47,7 +47,7 @@ def _new_group(base, ranks: Tuple[int, ...], backend: str, timeout: float):
 class ParallelGroups:
     """The process groups of one layout, and where this rank sits in it.
 
-    Axes (DESIGN.md): ``tp`` ranks split each layer's matrices (and, with sequence
+    Axes (docs/architecture.md): ``tp`` ranks split each layer's matrices (and, with sequence
     parallelism, the tokens of the norm regions); ``pp`` ranks hold consecutive layer
     stages; ``dp`` ranks are data replicas. ``tied`` joins the first and last pipeline stage
     of one (dp, tp) coordinate, which both hold a tied embedding (only when pp > 1).
