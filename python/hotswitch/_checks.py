@@ -1,10 +1,11 @@
 """Argument checks shared by the library's entry points: each raises ``ValueError`` naming
 the argument, the value and what was expected."""
 
+import json
 import math
-from typing import Optional
+from typing import Optional, Type
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_positive"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_positive", "read_json_object"]
 
 
 def check_int(name: str, value, low: int, high: Optional[int] = None) -> int:
@@ -31,4 +32,19 @@ def check_bool(name: str, value) -> bool:
 def check_choice(name: str, value, choices) -> str:
     if value not in choices:
         raise ValueError(f"{name} {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def read_json_object(path: str, what: str, error: Type[ValueError] = ValueError) -> dict:
+    """The JSON object in the file ``path``; ``error`` (a ValueError) naming ``what`` and the
+    path when it cannot be read, is not valid JSON, or holds something else than an object."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except OSError as e:
+        raise error(f"cannot read {what} {path!r}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{what} {path!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise error(f"{what} {path!r} must hold a JSON object, got {type(value).__name__}")
     return value

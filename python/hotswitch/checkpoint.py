@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from hotswitch import _C
+from hotswitch._checks import read_json_object
 from hotswitch._errors import as_fault
 from hotswitch.logging import get_logger
 
@@ -280,14 +281,8 @@ def latest_checkpoint(root: str) -> Optional[str]:
 
 def _read_metadata(path: str) -> dict:
     meta_path = os.path.join(path, "metadata.json")
-    try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {meta_path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{meta_path} is not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = read_json_object(meta_path, "checkpoint metadata", CheckpointError)
+    if meta.get("format") != FORMAT:
         raise CheckpointError(f"{meta_path} is not a {FORMAT} checkpoint (format {meta.get('format')!r})")
     return meta
 
@@ -346,7 +341,7 @@ def _load(runtime, path: str) -> dict:
         raise ValueError(f"checkpoint path must be a path, got {type(path).__name__}")
     path = os.fspath(path)
     group, rank = runtime.control, runtime.rank
-    new_master, new_states, meta, message, rng_states = None, None, None, "", None
+    new_states, meta, message, rng_states = None, None, "", None
     try:
         if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):
             found = latest_checkpoint(path)

@@ -13,6 +13,7 @@ peak on linear layers and on causal attention), ``memory_bytes`` (per-rank budge
 import json
 
 from hotswitch._C import HardwareProfile
+from hotswitch._checks import read_json_object
 
 __all__ = ["load_hardware", "load_profile", "save_profile"]
 
@@ -29,15 +30,7 @@ def save_profile(profile: HardwareProfile, path: str) -> None:
 
 def load_profile(path: str) -> HardwareProfile:
     """Reads a profile written by ``save_profile``; ValueError naming the path and the field."""
-    try:
-        with open(path) as f:
-            fields = json.load(f)
-    except OSError as e:
-        raise ValueError(f"cannot read hardware profile {path!r}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"hardware profile {path!r} is not JSON: {e}") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"hardware profile {path!r} must hold a JSON object, got {type(fields).__name__}")
+    fields = read_json_object(path, "hardware profile")
     try:
         return HardwareProfile.from_dict(fields)
     except ValueError as e:

@@ -133,7 +133,7 @@ def test_bad_profile_files_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="lacks the field 'efficiency'"):
         hs.HardwareProfile.load(str(path))
     path.write_text("{not json")
-    with pytest.raises(ValueError, match="is not JSON"):
+    with pytest.raises(ValueError, match="is not valid JSON"):
         hs.HardwareProfile.load(str(path))
     profile = hs.HardwareProfile.preset("a100")
     with pytest.raises(ValueError, match="memory_bytes must be > 0"):

@@ -46,6 +46,7 @@ from hotswitch.model.batch import MicroBatch
 from hotswitch.model.config import TransformerConfig
 from hotswitch.model.groups import ParallelGroups
 from hotswitch.model.transformer import ParallelTransformer
+from hotswitch.planner import check_candidates
 
 __all__ = ["DEFAULT_LENGTHS", "DEFAULT_MESSAGE_BYTES", "calibrate", "tiny_config"]
 
@@ -320,16 +321,12 @@ def calibrate(config: Union[TransformerConfig, "_C.ModelConfig"], world: int = 2
             check_layouts.append(layout.name)
     elif isinstance(check_layouts, (str, bytes)) or not isinstance(check_layouts, (list, tuple)):
         raise ValueError(f"check_layouts must be a list of layout names, got {check_layouts!r}")
+    try:
+        layouts = check_candidates(cfg, world, list(check_layouts)) if check_layouts else []
+    except ValueError as e:
+        raise ValueError(f"check_layouts: {e}") from None
     checks = []
-    for text in check_layouts:
-        layout = _C.Layout.parse(text) if isinstance(text, str) else text
-        if not isinstance(layout, _C.Layout):
-            raise ValueError(f"check layout {text!r} is not a layout name")
-        try:
-            layout.validate(world)
-            cfg.validate(layout)
-        except ValueError as e:
-            raise ValueError(f"check layout {layout.name}: {e}") from None
+    for layout in layouts:
         # pp > 1: two micro-batches of each single-sequence pack, so the 1F1B bubble shows.
         per_pack = 2 if layout.pp > 1 else 1
         checks.append((layout.name, [[[s]] * per_pack for s in lengths]))
