@@ -58,8 +58,11 @@ def check_candidates(model, world: int, candidates) -> List["_C.Layout"]:
         layout = _C.Layout.parse(c) if isinstance(c, str) else c
         if not isinstance(layout, _C.Layout):
             raise ValueError(f"candidate {c!r} is not a layout or layout name")
-        layout.validate(world)
-        model.validate(layout)
+        try:
+            layout.validate(world)
+            model.validate(layout)
+        except ValueError as e:
+            raise ValueError(f"candidate layout {layout.name}: {e}") from None
         if layout.name in [l.name for l in out]:
             raise ValueError(f"candidate layout {layout.name} is listed twice")
         out.append(layout)
