@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from hotswitch import _C
+from hotswitch._boxes import local_views, owned_pieces
 from hotswitch._checks import read_json_object
 from hotswitch._errors import as_fault
 from hotswitch.logging import get_logger
@@ -46,42 +47,6 @@ class CheckpointError(ValueError):
 
 def _box_name(lo, hi) -> str:
     return "-".join(map(str, lo)) + "_" + "-".join(map(str, hi))
-
-
-def _views(tensor_set, layout, kind: str, rank: int, buffers: List[torch.Tensor]):
-    """(tensor index, lo, hi, view of the local buffer) for every piece of this rank."""
-    placement = _C.Placement(tensor_set, layout, kind)
-    out = []
-    for t, lo, hi, buffer, offset, strides, _ in placement.pieces(rank):
-        sizes = [b - a for a, b in zip(lo, hi)]
-        out.append((t, tuple(lo), tuple(hi), buffers[buffer].as_strided(sizes, strides, offset)))
-    return out
-
-
-def _writers(tensor_set, layout, kind: str) -> Dict[int, set]:
-    """Per rank, the pieces ``(tensor, lo, hi)`` it writes, so that every element is written
-    exactly once: pieces of the first pipeline stage holding the tensor, of data replica 0
-    under a ``sharded`` placement (every data index holds distinct chunks under ``zero``),
-    each claimed by the lowest rank that holds it (replicated tensors sit on every TP rank)."""
-    placement = _C.Placement(tensor_set, layout, kind)
-    stages: Dict[int, int] = {}
-    for r in range(layout.world):
-        c = layout.coord(r)
-        for t, *_ in placement.pieces(r):
-            stages[t] = min(stages.get(t, c["pp"]), c["pp"])
-    claimed = set()
-    writers: Dict[int, set] = {}
-    for r in range(layout.world):
-        c = layout.coord(r)
-        mine = writers.setdefault(r, set())
-        if kind == "sharded" and (c["dp"] != 0 or c["cp"] != 0):
-            continue
-        for t, lo, hi, *_ in placement.pieces(r):
-            key = (t, tuple(lo), tuple(hi))
-            if stages[t] == c["pp"] and key not in claimed:
-                claimed.add(key)
-                mine.add(key)
-    return writers
 
 
 def _states(state_dict: dict) -> Tuple[Dict[str, List[torch.Tensor]], Dict[str, object]]:
@@ -183,10 +148,10 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
     try:
         state_dict = runtime.state_dict()
         tensors, scalars = _states(state_dict)
-        writes = _writers(runtime.tensor_set, runtime.home, runtime.home_placement).get(rank, set())
+        writes = owned_pieces(runtime.tensor_set, runtime.home, runtime.home_placement).get(rank, set())
         os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
         for state, local in tensors.items():
-            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
+            for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                            _buffers(runtime, local)):
                 if (t, lo, hi) not in writes:
                     continue
@@ -369,14 +334,14 @@ def _load(runtime, path: str) -> dict:
         new_states = {}
         for state in meta["states"]:
             local = [torch.empty_like(p) for p in masters]
-            for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
+            for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                            _buffers(runtime, local)):
                 name = runtime.tensor_set.specs[t].name
                 _fill(reader, by_tensor.get((state, name), []), lo, hi, view, f"tensor {name!r} ({state})")
             if runtime.zero:
                 # ZeRO padding beyond the last tensor belongs to nobody: zero it.
                 covered = torch.zeros(local[0].numel(), dtype=torch.bool)
-                for t, lo, hi, view in _views(runtime.tensor_set, runtime.home, "zero", rank, [covered]):
+                for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, "zero", rank, [covered]):
                     view.fill_(True)
                 local[0].view(-1)[~covered] = 0
             new_states[state] = local

@@ -5,6 +5,7 @@ be left out of the check). The command line maps Megatron-LM's arguments onto it
 """
 
 import dataclasses
+import math
 from typing import Optional, Sequence, Union
 
 from hotswitch._C import HardwareProfile, Layout, Topology
@@ -70,6 +71,12 @@ class RuntimeConfig:
     """A NaN or infinite loss raises ``NonFiniteLoss`` (``"raise"``) or skips the optimizer step
     (``"skip"``)."""
 
+    clip_grad: Optional[float] = None
+    """Clip the global L2 norm of each step's gradients to this value (Megatron's
+    ``--clip-grad``): every gradient is scaled by ``clip_grad / (norm + 1e-6)`` when that is
+    below 1. The norm counts every element once whatever the layout. ``None``: no clipping
+    (the norm is still computed and reported)."""
+
     topology: Optional[Topology] = None
     """Ranks per node. Default: ``LOCAL_WORLD_SIZE`` (torchrun's) ranks per node, or one node."""
 
@@ -84,6 +91,9 @@ class RuntimeConfig:
         for name in ("max_context", "max_tokens_per_micro_batch", "memory_budget_bytes"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 1)
+        if self.clip_grad is not None and (isinstance(self.clip_grad, bool) or not isinstance(
+                self.clip_grad, (int, float)) or not math.isfinite(self.clip_grad) or self.clip_grad <= 0):
+            raise ValueError(f"clip_grad must be a positive finite number or None, got {self.clip_grad!r}")
         if self.hardware is not None and not isinstance(self.hardware, HardwareProfile):
             raise ValueError(f"hardware must be a hotswitch.HardwareProfile, got {type(self.hardware).__name__}")
         if self.topology is not None and not isinstance(self.topology, Topology):

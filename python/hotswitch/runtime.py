@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hotswitch import _C, checkpoint
+from hotswitch._boxes import owned_pieces
 from hotswitch._C import CostModel, HardwareProfile, Layout, Planner
 from hotswitch._errors import as_fault
 from hotswitch.calibration.online import OnlineCalibration
@@ -88,6 +89,8 @@ class StepResult:
     best_static: str             # the single layout the planner would run instead
     best_static_predicted_s: float
     phases: List[PhaseResult]
+    grad_norm: float = 0.0       # global L2 norm of the step's gradients, before clipping
+    lr: float = 0.0              # the learning rate the optimizer stepped with
 
     @property
     def layouts(self) -> List[str]:
@@ -211,6 +214,7 @@ class Runtime:
         self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._overhead_s = 0.0
+        self._owned = None  # the accumulator's pieces this rank counts in the gradient norm
         self._optimizer_s = 0.0  # the last step's, for the next step's overhead observation
 
     # ----------------------------------------------------------------------------- set-up
@@ -442,15 +446,26 @@ class Runtime:
             times += [p.compute_s, p.switch_s, p.grad_s]
         times = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.control)
-        if not math.isfinite(loss):
+        self._stage = "the global gradient norm"
+        grad_norm = self._grad_norm(accumulator)
+        if not math.isfinite(loss) or not math.isfinite(grad_norm):
+            what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
             if self.nonfinite == "raise":
-                raise NonFiniteLoss(f"step {self.step + 1}: the loss is {loss}; the optimizer did not step and the "
+                raise NonFiniteLoss(f"step {self.step + 1}: {what}; the optimizer did not step and the "
                                     "master weights are unchanged")
-            _log.warning("step %d: the loss is %s; skipping the optimizer step", self.step + 1, loss)
+            _log.warning("step %d: %s; skipping the optimizer step", self.step + 1, what)
 
         t0 = time.perf_counter()
-        skipped = not math.isfinite(loss)
+        skipped = not math.isfinite(loss) or not math.isfinite(grad_norm)
+        lr = float(self.optimizer.param_groups[0]["lr"])
         if not skipped:
+            clip = self.settings.clip_grad
+            if clip is not None and grad_norm > 0:
+                # Megatron's rule: scale every gradient by clip / (norm + 1e-6) when that is < 1.
+                coeff = clip / (grad_norm + 1e-6)
+                if coeff < 1.0:
+                    for g in ([accumulator] if self.zero else accumulator.values()):
+                        g.mul_(coeff)
             if self.zero:
                 self.master["zero"].grad = accumulator
             else:
@@ -476,7 +491,8 @@ class Runtime:
             seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
             optimizer_seconds=optimizer_s, predicted_s=predicted,
             best_static=self.candidates[plan["best_static"]].name,
-            best_static_predicted_s=plan["best_static_s"] + self._overhead_s, phases=phases)
+            best_static_predicted_s=plan["best_static_s"] + self._overhead_s, phases=phases,
+            grad_norm=grad_norm, lr=lr)
 
     def _before_forward(self) -> None:
         self.hooks.fire("forward")
@@ -553,6 +569,23 @@ class Runtime:
         else:
             r = self._switch(model.grad_shards(), layout, self.home, src_kind="partial", dst_kind=self.home_placement)
         return r.shards, method, r.stats["bytes_moved"]
+
+    def _grad_norm(self, accumulator) -> float:
+        """The global L2 norm of the step's gradients (the home accumulator), every element
+        counted once whatever the layout: each rank sums the squares of the pieces it owns
+        (``owned_pieces``, as checkpoints write them) in float64, then one all-reduce."""
+        if self._owned is None:
+            mine = owned_pieces(self.tensor_set, self.home, self.home_placement).get(self.rank, set())
+            self._owned = [(buffer, offset, strides, [b - a for a, b in zip(lo, hi)])
+                           for t, lo, hi, buffer, offset, strides, _ in
+                           _C.Placement(self.tensor_set, self.home, self.home_placement).pieces(self.rank)
+                           if (t, tuple(lo), tuple(hi)) in mine]
+        buffers = [accumulator.reshape(-1)] if self.zero else [accumulator[n] for n in self.master]
+        total = torch.zeros(1, dtype=torch.float64)
+        for buffer, offset, strides, sizes in self._owned:
+            total += buffers[buffer].as_strided(sizes, strides, offset).double().pow(2).sum()
+        dist.all_reduce(total, group=self.control)
+        return math.sqrt(float(total))
 
     @staticmethod
     def _add(acc, grads):
