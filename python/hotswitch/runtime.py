@@ -269,6 +269,25 @@ class Runtime:
             raise ValueError(f"rank {self.rank}'s runtime settings differ from those of ranks {differ}; every rank "
                              f"must build the Runtime alike (its settings: {settings})")
 
+    def _agreed_batch(self, sequences) -> List[torch.Tensor]:
+        """The batch as int64 tensors, once every rank has checked it and holds the same."""
+        error = None
+        try:
+            tensors = self._check_batch(sequences)
+        except Exception as e:  # whatever a bad batch raises, every rank must hear of it
+            error = e if isinstance(e, ValueError) else ValueError(
+                f"the batch is not a list of token sequences ({type(e).__name__}: {e})")
+            tensors = []
+        # Every rank learns of any rank's refusal: nobody is left waiting in a collective.
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
+        dist.all_reduce(flag, group=self.control)
+        if error is not None:
+            raise error
+        if int(flag) != 0:
+            raise ValueError("another rank refused the batch (see its error); no data moved")
+        self._agree_on_batch(tensors)
+        return tensors
+
     def _agree_on_batch(self, sequences) -> None:
         digest = hashlib.blake2b(digest_size=7)
         for s in sequences:
@@ -358,21 +377,7 @@ class Runtime:
 
     def _train_step(self, sequences: Sequence[Sequence[int]]) -> StepResult:
         start = time.perf_counter()
-        error = None
-        try:
-            tensors = self._check_batch(sequences)
-        except Exception as e:  # whatever a bad batch raises, every rank must hear of it
-            error = e if isinstance(e, ValueError) else ValueError(
-                f"the batch is not a list of token sequences ({type(e).__name__}: {e})")
-            tensors = []
-        # Every rank learns of any rank's refusal: nobody is left waiting in a collective.
-        flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
-        dist.all_reduce(flag, group=self.control)
-        if error is not None:
-            raise error
-        if int(flag) != 0:
-            raise ValueError("another rank refused the batch (see its error); no data moved")
-        self._agree_on_batch(tensors)
+        tensors = self._agreed_batch(sequences)
         lengths = [int(t.numel()) for t in tensors]
         targets = sum(n - 1 for n in lengths)
         if targets == 0:
@@ -388,23 +393,7 @@ class Runtime:
         for k, ph in enumerate(plan["phases"]):
             layout = ph["layout"]
             t0 = time.perf_counter()
-            moved = 0
-            src = current_layout or self.home
-            self._stage = f"phase {k} ({layout.name}): switching parameters {src.name} -> {layout.name}"
-            if current_layout is not None and current_layout.name == layout.name:
-                params = current
-            else:
-                if current_layout is not None:
-                    # The last layout's model lets go of its parameters: the switch may reuse them.
-                    self._release(self._models[current_layout.name])
-                if layout.name == self.home.name and not self.zero:
-                    params = {n: t.clone() for n, t in self._master_shards().items()}
-                elif current is None:
-                    r = self._switch(self._master_shards(), self.home, layout, src_kind=self.home_placement)
-                    params, moved = r.shards, r.stats["bytes_moved"]
-                else:
-                    r = self._switch(current, current_layout, layout, donate=True)
-                    params, moved = r.shards, r.stats["bytes_moved"]
+            params, moved = self._enter(k, layout, current, current_layout)
             switch_s = time.perf_counter() - t0
             model = self._model(layout, params)
             current, current_layout = params, layout
@@ -493,6 +482,65 @@ class Runtime:
             best_static=self.candidates[plan["best_static"]].name,
             best_static_predicted_s=plan["best_static_s"] + self._overhead_s, phases=phases,
             grad_norm=grad_norm, lr=lr)
+
+    def _enter(self, k: int, layout, current, current_layout):
+        """Phase ``k``'s parameters under ``layout``: kept when the previous phase ran under it,
+        else switched from the previous phase's (``current`` under ``current_layout``) or, for
+        the first phase, from the master weights. Returns (shards, bytes moved)."""
+        src = current_layout or self.home
+        self._stage = f"phase {k} ({layout.name}): switching parameters {src.name} -> {layout.name}"
+        if current_layout is not None and current_layout.name == layout.name:
+            return current, 0
+        if current_layout is not None:
+            # The last layout's model lets go of its parameters: the switch may reuse them.
+            self._release(self._models[current_layout.name])
+        if layout.name == self.home.name and not self.zero:
+            return {n: t.clone() for n, t in self._master_shards().items()}, 0
+        if current is None:
+            r = self._switch(self._master_shards(), self.home, layout, src_kind=self.home_placement)
+        else:
+            r = self._switch(current, current_layout, layout, donate=True)
+        return r.shards, r.stats["bytes_moved"]
+
+    def evaluate(self, sequences: Sequence[Sequence[int]]) -> float:
+        """The mean next-token cross entropy of ``sequences`` (a batch as for ``train_step``,
+        the same on every rank), forward only under the planned layouts: validation. Nothing
+        trains: the master weights, optimizer state and step count stay as they are.
+        Collective; the same errors as ``train_step``."""
+        self._stage = "agreeing on the evaluation batch"
+        try:
+            return self._evaluate(sequences)
+        except (ValueError, _C.SwitchFault):
+            raise
+        except RuntimeError as e:
+            raise as_fault(e, f"rank {self.rank}, evaluation after step {self.step}, {self._stage}") from e
+
+    def _evaluate(self, sequences) -> float:
+        tensors = self._agreed_batch(sequences)
+        lengths = [int(t.numel()) for t in tensors]
+        targets = sum(n - 1 for n in lengths)
+        if targets == 0:
+            raise ValueError(f"the batch has no target tokens: all {len(lengths)} sequences have length 1")
+        plan = self.planner.plan(lengths)
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        current, current_layout = None, None
+        for k, ph in enumerate(plan["phases"]):
+            layout = ph["layout"]
+            params, _ = self._enter(k, layout, current, current_layout)
+            model = self._model(layout, params)
+            current, current_layout = params, layout
+            coord = self.groups[layout.name]
+            self._stage = f"evaluation phase {k} ({layout.name}): forward of data replica {coord.dp_rank}"
+            mbs = [MicroBatch.from_sequences([tensors[i] for i in mb]) for mb in ph["micro_batches"][coord.dp_rank]]
+            replica_loss, _ = model.forward_loss(mbs)
+            if coord.tp_rank == 0 and coord.pp_rank == 0:
+                loss_sum += replica_loss
+        if current_layout is not None:
+            self._release(self._models[current_layout.name])
+        del current
+        self._stage = "reducing the evaluation loss"
+        dist.all_reduce(loss_sum, group=self.control)
+        return float(loss_sum) / targets
 
     def _before_forward(self) -> None:
         self.hooks.fire("forward")

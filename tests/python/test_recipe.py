@@ -99,3 +99,25 @@ def test_bad_schedules_name_the_value(kwargs, needle):
     with pytest.raises(ValueError) as e:
         LearningRateSchedule(lr, **kwargs)
     assert needle in str(e.value)
+
+
+def evaluate_then_train(rank, world, candidates):
+    """(evaluation loss, the training step's loss on the same batch, weights unchanged by evaluate)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
+    rt = hs.Runtime(cfg, candidates=candidates, hardware=hs.HardwareProfile.preset("a100"), seed=3,
+                    recalibrate=False)
+    batch = _batch(STEPS[0], 0)
+    before = [t.clone() for t in rt.state_dict()["params"]]
+    ev = rt.evaluate(batch)
+    unchanged = rt.step == 0 and all(torch.equal(a, b) for a, b in zip(before, rt.state_dict()["params"]))
+    return ev, rt.train_step(batch).loss, unchanged
+
+
+@pytest.mark.parametrize("world,candidates", [(1, ["dp1"]), (2, ["dp2"]), (2, ["tp2"]), (2, ["pp2"]),
+                                              (2, ["dp2", "tp2", "pp2"])])
+def test_evaluation_is_the_training_loss_without_training(world, candidates):
+    results = run_world(world, evaluate_then_train, candidates, timeout=300)
+    for ev, loss, unchanged in results:
+        assert unchanged
+        assert abs(ev - loss) <= 1e-6 * loss, (ev, loss)
+    assert len({r[0] for r in results}) == 1

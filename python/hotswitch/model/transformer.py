@@ -12,7 +12,7 @@ from hotswitch import _C
 from hotswitch.logging import get_logger
 from hotswitch.model.attention import LengthGroups, varlen_attention
 from hotswitch.model.batch import MicroBatch
-from hotswitch.model.comm import (all_gather_rows, all_reduce, gather_from_sequence,
+from hotswitch.model.comm import (all_gather_rows, all_reduce, exchange, gather_from_sequence,
                                   reduce_scatter_rows, scatter_to_sequence)
 from hotswitch.model.config import TransformerConfig
 from hotswitch.model.groups import ParallelGroups
@@ -297,6 +297,32 @@ class ParallelTransformer(nn.Module):
             loss_sum = loss_sum.reshape(1)
             dist.broadcast(loss_sum, src=g.pp_ranks[-1], group=g.pp_group)
         return float(loss_sum.sum()), sum(c.num_targets for c in contexts)
+
+    def forward_loss(self, micro_batches: Sequence[MicroBatch]) -> Tuple[float, int]:
+        """The summed cross entropy of this data replica's micro-batches, forward only (no
+        graph, no gradients): validation. Pipeline stages run the micro-batches in order, each
+        stage receiving from the previous one and sending to the next. Returns
+        ``(loss_sum, num_targets)`` on every rank of the replica; collective over its TP and PP
+        groups, like ``forward_backward``."""
+        self._check_batches(micro_batches, 1.0)
+        g = self.groups
+        contexts = [PackContext(mb, self.config, self.layout.tp, self.device) for mb in micro_batches]
+        loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
+        stage = g.pp_rank
+        with torch.no_grad():
+            for ctx in contexts:
+                x = None
+                if not g.is_first_stage:
+                    x = torch.empty((ctx.rows, self.config.hidden_size), dtype=self.dtype, device=self.device)
+                    exchange([], [(x, g.pp_ranks[stage - 1])], g.pp_group, g.timeout)
+                y = self._stage_forward(ctx, x)
+                if g.is_last_stage:
+                    loss_sum += y.double()
+                else:
+                    exchange([(y.contiguous(), g.pp_ranks[stage + 1])], [], g.pp_group, g.timeout)
+        if g.pp_group is not None:
+            dist.broadcast(loss_sum, src=g.pp_ranks[-1], group=g.pp_group)
+        return float(loss_sum), sum(c.num_targets for c in contexts)
 
     def finish_gradients(self) -> None:
         """Sums the TP-partial gradients (norm weights under sequence parallelism) over the TP
