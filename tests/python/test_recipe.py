@@ -1,6 +1,7 @@
 """The training recipe: Megatron's learning-rate schedules and the global gradient norm and
 clipping, which must not depend on the layout (ZeRO, partial gradients, pipelines)."""
 
+import json
 import math
 
 import pytest
@@ -121,3 +122,22 @@ def test_evaluation_is_the_training_loss_without_training(world, candidates):
         assert unchanged
         assert abs(ev - loss) <= 1e-6 * loss, (ev, loss)
     assert len({r[0] for r in results}) == 1
+
+
+def test_metrics_plot_from_a_metrics_file(tmp_path):
+    from hotswitch.cli import plots
+
+    path = tmp_path / "m.jsonl"
+    records = [{"iteration": i, "lm_loss": 5.0 - i / 10, "tokens_per_s": 1000 + i, "layouts": ["dp2", "tp2"][: 1 + i % 2]}
+               for i in range(1, 6)]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    out = tmp_path / "m.png"
+    assert plots.main(["metrics", str(path), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    path.write_text('{"iteration": 1}\n')
+    with pytest.raises(SystemExit) as e:
+        plots.main(["metrics", str(path), "--out", str(out)])
+    assert e.value.code == 2
+    path.write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match="m.jsonl:1: expected a JSON object, got list"):
+        plots.read_metrics(str(path))

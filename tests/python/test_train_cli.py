@@ -2,6 +2,7 @@
 and argument errors."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,7 +22,9 @@ def _train(nproc, *args, timeout=600):
 
 def test_hot_switching_run_saves_and_resumes_where_it_stopped(tmp_path):
     ckpt, full, part, rest = (str(tmp_path / n) for n in ("ckpt", "full.json", "part.json", "rest.json"))
-    common = ["--hot-switch", "--candidate-layouts", "dp2,tp2,pp2", "--memory-budget-gb", "0.003", "--no-recalibrate"]
+    # One learning-rate schedule for the three runs, whatever their --train-iters.
+    common = ["--hot-switch", "--candidate-layouts", "dp2,tp2,pp2", "--memory-budget-gb", "0.003", "--no-recalibrate",
+              "--lr-decay-iters", "3"]
     out = _train(2, *common, "--train-iters", "3", "--summary-json", full)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "summary: 3 steps on 2 ranks" in out.stdout
@@ -45,8 +48,32 @@ def test_hot_switching_run_saves_and_resumes_where_it_stopped(tmp_path):
     (["--data-path", "/nonexistent/texts"], "/nonexistent/texts"),
     (["--hardware", "tpu"], "'tpu'"),
     (["--load", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+    (["--lr-decay-style", "step"], "--lr-decay-style must be one of constant, linear, cosine, got 'step'"),
+    (["--clip-grad", "-1"], "--clip-grad must be a number >= 0, got -1.0"),
+    (["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"], "--lr-warmup-fraction and --lr-warmup-iters"),
+    (["--lr-decay-style", "cosine", "--lr-warmup-iters", "20", "--train-iters", "10"],
+     "--lr-decay-iters(10) must exceed the warm-up (20 iterations)"),
 ])
 def test_argument_errors_name_the_value(args, needle):
     out = _train(2, *args, timeout=300)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     assert needle in out.stderr
+
+
+def test_megatron_log_lines_and_metrics_file(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    out = _train(2, "--hot-switch", "--candidate-layouts", "dp2,tp2", "--train-iters", "4", "--lr", "1e-3",
+                 "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--min-lr", "1e-4", "--clip-grad", "0.5",
+                 "--metrics-file", str(metrics), "--log-interval", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [l for l in out.stdout.splitlines() if l.startswith(" iteration ")]
+    assert len(lines) == 2 and lines[0].startswith(" iteration        2/       4 | consumed samples:           24 |")
+    for needle in ("elapsed time per iteration (ms):", "learning rate: 5.000000E-04", "lm loss:", "grad norm:",
+                   "number of skipped iterations:   0", "tokens/s:", "layouts:", "switch share:"):
+        assert needle in lines[0], (needle, lines[0])
+    records = [json.loads(l) for l in metrics.read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [2, 4] and [r["consumed_samples"] for r in records] == [24, 48]
+    # Warm-up 0.5e-3 at iteration 1 (0-based), then cosine from 1e-3 to 1e-4 over iterations 2..4.
+    assert records[0]["learning_rate"] == pytest.approx(5e-4)
+    assert records[1]["learning_rate"] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert all(r["grad_norm"] > 0 and set(r["layouts"]) <= {"dp2", "tp2"} for r in records)

@@ -1,10 +1,10 @@
 """Pictures of a step plan (matplotlib, Agg backend: no display needed)."""
 
-from typing import Optional
+from typing import List, Optional
 
 from hotswitch.analysis.simulate import switch_share
 
-__all__ = ["plot_step"]
+__all__ = ["plot_metrics", "plot_step"]
 
 
 def plot_step(plan: dict, planner, path: str, title: Optional[str] = None) -> None:
@@ -71,6 +71,48 @@ def plot_step(plan: dict, planner, path: str, title: Optional[str] = None) -> No
                 loc="lower right")
     line.set_xlim(0, 1.02 * max(plan["total_s"], plan["best_static_s"]))
     line.set_title(f"timeline: {switch_share(plan, planner):.3f} s of switching (grey, hatched)", fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise ValueError(f"cannot write plot {path!r}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def plot_metrics(records: List[dict], path: str, title: Optional[str] = None) -> None:
+    """Draws a training run's metrics (the objects of ``--metrics-file``, one per logged
+    iteration) to the PNG file ``path``: the loss, the throughput (tokens/s) and the share of
+    each layout among the logged iterations' phases, against the iteration. ValueError when
+    the records lack a field or the file cannot be written."""
+    if not records:
+        raise ValueError("no metrics records to plot")
+    for i, r in enumerate(records):
+        for key in ("iteration", "lm_loss", "tokens_per_s", "layouts"):
+            if key not in r:
+                raise ValueError(f"metrics record {i} has no {key!r} (fields: {sorted(r)})")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [r["iteration"] for r in records]
+    names = sorted({l for r in records for l in r["layouts"]})
+    fig, (loss, speed, share) = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    loss.plot(its, [r["lm_loss"] for r in records], marker=".")
+    loss.set_ylabel("lm loss")
+    speed.plot(its, [r["tokens_per_s"] for r in records], marker=".", color="tab:green")
+    speed.set_ylabel("tokens / s")
+    bottom = [0.0] * len(records)
+    for name in names:
+        part = [r["layouts"].count(name) / max(1, len(r["layouts"])) for r in records]
+        share.bar(its, part, bottom=bottom, label=name)
+        bottom = [b + p for b, p in zip(bottom, part)]
+    share.set_ylabel("share of phases")
+    share.set_xlabel("iteration")
+    share.legend(loc="upper right", fontsize=8)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=100)

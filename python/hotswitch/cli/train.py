@@ -30,8 +30,10 @@ from hotswitch.hardware import load_hardware
 from hotswitch.logging import get_logger
 from hotswitch.model.config import TransformerConfig
 from hotswitch.runtime import Runtime
+from hotswitch.schedule import DECAY_STYLES, LearningRateSchedule
 
-__all__ = ["build_parser", "main", "parse_args", "runtime_config"]
+__all__ = ["build_parser", "format_iteration", "iteration_record", "learning_rate_schedule", "main", "parse_args",
+           "runtime_config"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--global-batch-size", type=int, default=32, help="sequences per step")
     t.add_argument("--global-batch-tokens", type=int, default=None, help="tokens per step instead")
     t.add_argument("--train-iters", type=int, default=10)
-    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    t.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
+    t.add_argument("--lr-decay-style", default="linear", help="constant, linear or cosine")
+    t.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+    t.add_argument("--lr-warmup-iters", type=int, default=0)
+    t.add_argument("--lr-warmup-fraction", type=float, default=None, help="of --lr-decay-iters, instead of iters")
+    t.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip; 0 disables it")
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--adam-beta1", type=float, default=0.9)
     t.add_argument("--adam-beta2", type=float, default=0.95)
@@ -87,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--log-interval", type=int, default=1)
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--summary-json", default=None, help="write the end-of-run summary to this file (rank 0)")
+    o.add_argument("--metrics-file", default=None,
+                   help="append each logged iteration's figures as one JSON object a line (rank 0)")
     return p
 
 
@@ -115,6 +125,14 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error(f"--document-unit must be file or block, got {args.document_unit!r}")
     if args.long_sequences not in ("truncate", "split"):
         parser.error(f"--long-sequences must be truncate or split, got {args.long_sequences!r}")
+    if args.lr_decay_style not in DECAY_STYLES:
+        parser.error(f"--lr-decay-style must be one of {', '.join(DECAY_STYLES)}, got {args.lr_decay_style!r}")
+    if not math.isfinite(args.clip_grad) or args.clip_grad < 0:
+        parser.error(f"--clip-grad must be a number >= 0, got {args.clip_grad}")
+    if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
+        parser.error("--lr-warmup-fraction and --lr-warmup-iters exclude each other")
+    if args.lr_warmup_fraction is not None and not 0 <= args.lr_warmup_fraction < 1:
+        parser.error(f"--lr-warmup-fraction must lie in [0, 1), got {args.lr_warmup_fraction}")
     if args.resume and not (args.load or args.save):
         parser.error("--resume needs --load or --save to name the checkpoint directory")
     if args.save_interval is not None and not args.save:
@@ -133,10 +151,28 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         args.vocab_size = -(-258 // k) * k
     elif args.vocab_size < 258:
         parser.error(f"--vocab-size({args.vocab_size}) must hold the byte tokenizer's 258 tokens")
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    if args.lr_warmup_fraction is not None:
+        args.lr_warmup_iters = int(args.lr_warmup_fraction * args.lr_decay_iters)
+    try:
+        args.schedule = learning_rate_schedule(args)
+    except ValueError as e:
+        parser.error(str(e))
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if world is not None and not args.hot_switch and world % (tp * pp):
         parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) model parallel size")
     return args
+
+
+def learning_rate_schedule(args: argparse.Namespace) -> LearningRateSchedule:
+    """Megatron's ``--lr --min-lr --lr-decay-style --lr-decay-iters --lr-warmup-iters``."""
+    style = args.lr_decay_style
+    if style != "constant" and args.lr_decay_iters <= args.lr_warmup_iters:
+        raise ValueError(f"--lr-decay-iters({args.lr_decay_iters}) must exceed the warm-up "
+                         f"({args.lr_warmup_iters} iterations)")
+    return LearningRateSchedule(args.lr, style=style, min_lr=args.min_lr, warmup_iters=args.lr_warmup_iters,
+                                decay_iters=None if style == "constant" else args.lr_decay_iters)
 
 
 def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
@@ -159,7 +195,8 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30),
         max_context=args.seq_length,
         max_tokens_per_micro_batch=None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length,
-        zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate)
+        zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate,
+        clip_grad=args.clip_grad or None)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -212,23 +249,31 @@ def main(argv: Optional[List[str]] = None) -> int:
         from tqdm import tqdm
         bar = tqdm(total=args.train_iters, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
     results = []
+    metrics = open(args.metrics_file, "a") if rank == 0 and args.metrics_file else None
+    consumed = start_step * args.global_batch_size if not args.global_batch_tokens else 0
+    skipped_total = 0
     for it in range(start_step, args.train_iters):
         batch = sampler.next_batch()
+        args.schedule.apply(runtime.optimizer, it)
         result = runtime.train_step(batch)
         results.append(result)
+        consumed += len(batch)
+        skipped_total += int(result.skipped)
         tps = result.tokens / result.seconds
         layouts = "+".join(result.layouts)
         if bar is not None:
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | {layouts}")
             bar.update(1)
         if rank == 0 and (it + 1) % args.log_interval == 0:
-            msg = (f"step {result.step}: loss {result.loss:.4f}, {len(batch)} seqs, {result.tokens} tokens, "
-                   f"{result.seconds:.2f} s ({tps:,.0f} tok/s), phases {layouts}, switch {result.switch_seconds:.3f} s, "
-                   f"predicted {result.predicted_s:.2f} s")
+            record = iteration_record(result, args.train_iters, consumed, len(batch), skipped_total)
+            msg = format_iteration(record)
             if bar is not None:
                 bar.write(msg)
             else:
                 print(msg, flush=True)
+            if metrics is not None:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
         last = it + 1 == args.train_iters
         if args.save and (last or (args.save_interval and (it + 1) % args.save_interval == 0)):
             path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict())
@@ -236,6 +281,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 (bar.write if bar is not None else print)(f"saved {path}")
     if bar is not None:
         bar.close()
+    if metrics is not None:
+        metrics.close()
 
     summary = _summary(results, runtime, world)
     if rank == 0:
@@ -246,6 +293,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     log.debug("rank %d done", rank)
     dist.barrier()
     return 0
+
+
+def iteration_record(result, train_iters: int, consumed: int, batch_size: int, skipped_total: int) -> dict:
+    """One logged iteration's figures, as the log line shows them and the metrics file holds them."""
+    switch_share = result.switch_seconds / result.seconds if result.seconds else 0.0
+    return {"iteration": result.step, "train_iters": train_iters, "consumed_samples": consumed,
+            "elapsed_ms_per_iteration": round(1e3 * result.seconds, 3), "learning_rate": result.lr,
+            "global_batch_size": batch_size, "lm_loss": result.loss, "loss_scale": 1.0,
+            "grad_norm": result.grad_norm, "skipped_iterations": skipped_total,
+            "tokens_per_s": round(result.tokens / result.seconds, 1) if result.seconds else 0.0,
+            "tokens": result.tokens, "layouts": result.layouts, "switch_share": round(switch_share, 4),
+            "predicted_s": round(result.predicted_s, 4)}
+
+
+def format_iteration(r: dict) -> str:
+    """Megatron-LM's iteration line, then what hot switching adds (layouts, switch share)."""
+    return (f" iteration {r['iteration']:8d}/{r['train_iters']:8d} | consumed samples: {r['consumed_samples']:12d} | "
+            f"elapsed time per iteration (ms): {r['elapsed_ms_per_iteration']:.1f} | "
+            f"learning rate: {r['learning_rate']:.6E} | global batch size: {r['global_batch_size']:5d} | "
+            f"lm loss: {r['lm_loss']:.6E} | loss scale: {r['loss_scale']:.1f} | grad norm: {r['grad_norm']:.3f} | "
+            f"number of skipped iterations: {r['skipped_iterations']:3d} | tokens/s: {r['tokens_per_s']:,.0f} | "
+            f"layouts: {'+'.join(r['layouts'])} | switch share: {100 * r['switch_share']:.1f}% |")
 
 
 def _summary(results, runtime, world: int) -> dict:
