@@ -1,41 +1,9 @@
 """Rank functions of the runtime tests (module-level so that spawned ranks can import them)."""
 
-import random
-
 import torch
 
 import hotswitch as hs
-from hotswitch import _C
-
-TINY = dict(num_layers=4, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64,
-            vocab_size=128, max_position_embeddings=256)
-MAX_CONTEXT = 256
-# Per-rank memory under which dp4 holds micro-batches of ~60 tokens, dp2tp2 ~215, and only
-# layouts splitting the model over 4 ranks the longest sequences (see test_runtime).
-BUDGET = 1_500_000
-LR = 1e-3
-
-# Step lengths: a step of one sequence (one phase), short + long (two phases), and spreads
-# over every length class (three or more phases), with a length-1 sequence and primes.
-STEPS = [
-    [250],
-    [3, 9, 17, 23, 29, 31, 37, 41, 43, 47, 250],
-    [1, 2, 3, 7, 13, 17, 31, 97, 131, 199, 251, 11, 5, 40, 23, 37],
-    [40, 40, 23, 150, 190, 256, 29, 60, 2, 15, 18, 33],
-]
-
-def hardware(budget=BUDGET):
-    """A slow device with slow links, like CPU ranks over gloo: tensor parallelism costs, so
-    short sequences run best data-parallel and the planner splits steps (1, 2 and 3 phases
-    for the steps above)."""
-    return _C.HardwareProfile(peak_flops=2e9, efficiency=1.0, memory_bytes=budget, intra_node_bandwidth=3e8,
-                              inter_node_bandwidth=3e8, intra_node_latency=3e-4, inter_node_latency=3e-4,
-                              layer_overhead_seconds=1e-4)
-
-
-def batch(lengths, seed):
-    rng = random.Random(seed)
-    return [[rng.randrange(TINY["vocab_size"]) for _ in range(n)] for n in lengths]
+from hotswitch.testing.scenarios import BUDGET, LR, MAX_CONTEXT, STEPS, TINY, batch, hardware
 
 
 def _numpy(shards):
@@ -109,3 +77,20 @@ def too_long_for_memory(rank, world):
     except ValueError as e:
         return str(e)
     return None
+
+
+def train_and_record_plans(rank, world, candidates, steps):
+    """Trains ``steps`` (lists of lengths) with a fixed cost model; returns per step the plan
+    as this rank saw it (layouts, per phase its sequences, tokens, micro-batches, gradient
+    method and predicted seconds) and the loss, and the full weights (rank 0 only)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=candidates, hardware=hardware(), max_context=MAX_CONTEXT, seed=7,
+                    recalibrate=False,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    plans = []
+    for i, lengths in enumerate(steps):
+        r = rt.train_step(batch(lengths, i))
+        phases = [(p.layout, p.sequences, p.tokens, p.micro_batches, p.grad_method, p.predicted_s) for p in r.phases]
+        plans.append((r.layouts, phases, r.predicted_s, r.loss))
+    weights = rt.full_weights()
+    return plans, _numpy(weights) if rank == 0 else None

@@ -161,3 +161,18 @@ def dead_stage(rank, world, timeout, mode):
         return "no error", time.monotonic() - start
     except RuntimeError as e:
         return f"RuntimeError: {e}", time.monotonic() - start
+
+
+def forward_backward(rank, world):
+    """One forward and backward of the tiny model on this backend's device (TF32 off); the
+    loss and the gradients on the CPU."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = config(tied=True)
+    layout = hs.Layout.parse("dp1")
+    model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5)
+    step = batches()[0]
+    loss, _ = model.forward_backward(step, 1.0 / hs.count_targets(step))
+    model.finish_gradients()
+    device = next(iter(model.named_shards().values())).device.type
+    return device, float(loss), {k: v.detach().cpu().numpy().copy() for k, v in model.grad_shards().items()}

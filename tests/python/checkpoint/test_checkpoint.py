@@ -7,8 +7,9 @@ import os
 import numpy as np
 import pytest
 
-import checkpoint_workers as w
 from hotswitch.testing.harness import run_world
+
+from tests.python.checkpoint import workers as w
 
 
 def _equal(a, b):

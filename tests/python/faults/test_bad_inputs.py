@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-import bad_inputs as b
+from hotswitch.testing import bad_inputs as b
 from hotswitch.testing.harness import run_world
 
 

@@ -5,7 +5,8 @@ import torch
 
 import hotswitch as hs
 from hotswitch import _C
-from reference import full_tensors, local_shards, model_set, zero_shard
+
+from tests.python.switch.placements import full_tensors, local_shards, model_set, zero_shard
 
 
 def test_layout_round_trip_and_groups():

@@ -15,10 +15,11 @@ import torch
 import hotswitch as hs
 from hotswitch.testing.reference import train_static
 from hotswitch.model.init import init_full
-import model_workers as w
 from hotswitch.testing.harness import run_world
 from hotswitch.model.attention import LengthGroups, varlen_attention
 from hotswitch.model.init import uniform_at
+
+from tests.python.model import workers as w
 
 TOL = 1e-5
 WORLD4_RUNS = (

@@ -4,8 +4,9 @@ of the same model and batches."""
 import numpy as np
 import pytest
 
-import runtime_workers as w
 from hotswitch.testing.harness import run_world
+
+from tests.python.runtime import workers as w
 
 CANDIDATES = ["dp4", "dp2tp2", "pp4", "tp2pp2"]
 TOL = 1e-5
