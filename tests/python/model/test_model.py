@@ -233,6 +233,7 @@ def test_cuda_nccl_training_matches_cpu_reference(references):
     layout = "tp2" if world == 2 else "dp1"
     results = run_world(world, w.parity_cuda, layout, references, backend="nccl", timeout=300)
     for losses, weight_diff in results:
+        assert len(losses) == len(references[False][0]) == len(w.STEP_LENGTHS)
         for a, b in zip(losses, references[False][0]):
             assert abs(a - b) <= 1e-4 * abs(b)
         assert weight_diff <= 1e-4

@@ -86,14 +86,16 @@ def switch_model(rank, world, src, dst, tied):
     direct = hs.ParallelTransformer(cfg, b, gb, seed=3)
     moved = hs.ParallelTransformer(cfg, b, gb, seed=9)
     moved.load_shards(hs.switch(model_a.named_shards(), ts, a, b).shards)
-    same_weights = all(torch.equal(x, y) for x, y in zip(moved.named_shards().values(),
-                                                          direct.named_shards().values()))
+    moved_shards, direct_shards = moved.named_shards(), direct.named_shards()
+    same_weights = moved_shards.keys() == direct_shards.keys() and all(
+        torch.equal(moved_shards[n], direct_shards[n]) for n in direct_shards)
     step = batches()[0]
     scale = 1.0 / hs.count_targets(step)
     loss_direct = direct.forward_backward(hs.split_replicas(step, b.dp)[gb.dp_rank], scale)
     loss_moved = moved.forward_backward(hs.split_replicas(step, b.dp)[gb.dp_rank], scale)
-    same_grads = all(torch.equal(x, y) for x, y in zip(moved.grad_shards().values(),
-                                                        direct.grad_shards().values()))
+    moved_grads, direct_grads = moved.grad_shards(), direct.grad_shards()
+    same_grads = moved_grads.keys() == direct_grads.keys() and all(
+        torch.equal(moved_grads[n], direct_grads[n]) for n in direct_grads)
     # Gradients of src, accumulated over two calls and left partial over the data replicas,
     # switched with their summands added, against the reduction done under dst.
     mine = hs.split_replicas(step, a.dp)[ga.dp_rank]
