@@ -16,18 +16,15 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python"))
-
-import bad_inputs  # noqa: E402
-import fault_workers as fw  # noqa: E402
-from hotswitch.testing.harness import run_world  # noqa: E402
+from hotswitch.testing import bad_inputs
+from hotswitch.testing import scenarios as fw
+from hotswitch.testing.harness import run_world
 
 TIMEOUT = 8.0
 SLACK = 20.0
@@ -35,14 +32,14 @@ SCENARIOS = [("switch", "kill"), ("phase", "kill"), ("save", "kill"), ("switch",
 
 
 def differing_batch(rank, world):
-    rt = fw._runtime(TIMEOUT)
-    before = fw._snapshot(rt)
+    rt = fw.fault_runtime(TIMEOUT)
+    before = fw.snapshot(rt)
     start = time.monotonic()
     try:
-        rt.train_step(fw.rw.batch([5, 9, 40], seed=rank))
+        rt.train_step(fw.batch([5, 9, 40], seed=rank))
     except ValueError as e:
         return {"type": type(e).__name__, "message": str(e), "elapsed": time.monotonic() - start,
-                "state_kept": fw._same(before, rt.master) and rt.step == 0}
+                "state_kept": fw.same_weights(before, rt.master) and rt.step == 0}
     return {"type": None, "message": "", "elapsed": time.monotonic() - start, "state_kept": False}
 
 

@@ -10,7 +10,7 @@ left out when N > 1; every rank runs one thread, 4 ranks share this machine's co
 
 AdamW's eps is 1e-6: its step lr * g / (|g| + eps) amplifies the fp32 rounding of a
 near-zero gradient by lr / eps, which with eps = 1e-8 alone reaches 1e-5 (see
-tests/python/test_model.py).
+tests/python/model/test_model.py).
 
     /usr/bin/python3 -m benchmarks.parity [--quick]
 """

@@ -1,6 +1,7 @@
 """The planner's dry-run CLI: python -m hotswitch.cli.plan."""
 
 import json
+import re
 
 import pytest
 
@@ -10,20 +11,75 @@ from hotswitch.data import load_lengths
 from hotswitch.planner import build_planner, switch_costs
 
 
+LENGTHS = [1, 97, 300, 512, 1025, 4096, 7919, 20000]
+
+
 @pytest.fixture
 def lengths_file(tmp_path):
     path = tmp_path / "lengths.txt"
-    path.write_text("\n".join(str(n) for n in [1, 97, 300, 512, 1025, 4096, 7919, 20000] * 16) + "\n")
+    path.write_text("\n".join(str(n) for n in LENGTHS * 16) + "\n")
     return str(path)
+
+_NUM = r"(\d+(?:\.\d+)?)"
+# phase, layout, seqs, min-max length, micro-batches, then pred s, est s, peak GiB, switch in,
+# grad s, and the grad method.
+_PHASE = re.compile(r"^(\d+)\s+(\S+)\s+(\d+)\s+(\d+)-(\d+)\s+(\d+)" + "".join(r"\s+" + _NUM for _ in range(5))
+                    + r"\s+(in_place|reduce_then_switch|switch_partial)$")
+_ORDER = re.compile(r"^order (.+) \(home (\S+)\); switch back " + _NUM + r" s; switching " + _NUM
+                    + r" s of the step$")
+_STEP = re.compile(r"^predicted step " + _NUM + r" s \(objective " + _NUM + r" s\); best static (\S+): "
+                   + _NUM + r" s; speedup " + _NUM + r"x$")
+_SIM = re.compile(r"^simulated 2 steps: tokens/s hot switching ([\d,]+), best static ([\d,]+), free switches "
+                  r"([\d,]+); speedup " + _NUM + r"x \(upper bound " + _NUM + r"x\); switching " + _NUM
+                  + r"% of the time; median plan " + _NUM + r" ms$")
+
+
+def _match(pattern, lines):
+    found = [m for m in map(pattern.match, lines) if m]
+    assert len(found) == 1, (pattern.pattern, lines)
+    return found[0]
 
 
 def test_plans_one_step_and_simulates(lengths_file, capsys):
-    assert cli.main(["--gpus", "8", "--lengths", lengths_file, "--global-batch", "64",
+    # The batch is the whole file (128 lengths): short ones on dp8, the long ones need tp.
+    assert cli.main(["--gpus", "8", "--lengths", lengths_file, "--global-batch", "128", "--home", "dp8",
                      "--candidates", "dp8,dp2tp4,tp8", "--steps", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "predicted step" in out and "best static" in out
-    assert "grad method" in out and "order " in out
-    assert "simulated 2 steps" in out and "free switches" in out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["phase", "layout", "seqs", "lengths", "micro-b", "pred", "s", "est", "s", "peak",
+                                "GiB", "switch", "in", "grad", "s", "grad", "method"]
+    phases = [m.groups() for m in map(_PHASE.match, lines) if m]
+    assert phases and [int(p[0]) for p in phases] == list(range(len(phases)))
+    order = _match(_ORDER, lines)
+    step = _match(_STEP, lines)
+    sim = _match(_SIM, lines)
+    candidates = {"dp8", "dp2tp4", "tp8"}
+    # The phases hold the whole batch once, each under a candidate, in the order line's order,
+    # as buckets of lengths that do not overlap.
+    assert sum(int(p[2]) for p in phases) == 128
+    assert order.group(1).split(" -> ") == [p[1] for p in phases]
+    assert {p[1] for p in phases} <= candidates and order.group(2) == "dp8" and step.group(3) in candidates
+    buckets = sorted((int(p[3]), int(p[4])) for p in phases)
+    assert buckets[0][0] == 1 and buckets[-1][1] == 20000
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(buckets, buckets[1:])), buckets
+    for _, layout, seqs, lo, hi, micro_batches, pred, est, peak, switch_in, grad, method in phases:
+        assert int(lo) in LENGTHS and int(hi) in LENGTHS
+        assert 1 <= int(micro_batches) <= int(seqs) and float(pred) > 0 and float(est) > 0
+        assert 0 < float(peak) <= 80  # GiB of an a800
+        assert (method == "in_place") == (layout == "dp8")  # the home layout reduces in place
+    # 20000 tokens fit no data-parallel replica of LLaMA-7B on an a800.
+    assert next(p for p in phases if int(p[4]) == 20000)[1] != "dp8"
+    # The step is its phases, their switches in, their gradients and the switch back home
+    # (each figure printed to 1 ms), and the speedup is the best static layout's time over it.
+    total, objective, best_static = float(step.group(1)), float(step.group(2)), float(step.group(4))
+    parts = sum(float(p[6]) + float(p[9]) + float(p[10]) for p in phases) + float(order.group(3))
+    assert total == pytest.approx(parts, abs=5e-4 * (3 * len(phases) + 2))
+    assert float(step.group(5)) == pytest.approx(best_static / total, abs=0.006)
+    assert 0 <= float(order.group(4)) <= total and objective > 0
+    # The simulation's speedups are ratios of its throughputs; free switches bound hot switching.
+    hot, static, free = (int(x.replace(",", "")) for x in sim.groups()[:3])
+    assert hot <= free
+    assert float(sim.group(4)) == pytest.approx(hot / static, abs=0.006)
+    assert float(sim.group(5)) == pytest.approx(free / static, abs=0.006)
 
 
 def test_long_sequences_truncate_split_or_reject(lengths_file, capsys):
@@ -50,7 +106,9 @@ def test_planner_splits_long_sequences_into_pieces():
     placed = sorted(i for ph in plan["phases"] for r in ph["micro_batches"] for mb in r for i in mb)
     assert placed == [0, 1, 2, 3, 4]
     for ph in plan["phases"]:
+        assert len(ph["micro_batches"]) == len(ph["cu_seqlens"])
         for replica, cus in zip(ph["micro_batches"], ph["cu_seqlens"]):
+            assert len(replica) == len(cus)
             for mb, cu in zip(replica, cus):
                 assert cu == [sum(plan["pieces"][i][2] for i in mb[:k]) for k in range(len(mb) + 1)]
     assert planner.long_sequences == "split" and planner.max_context == 1000

@@ -1,25 +1,25 @@
-"""Rank functions of the checkpoint tests."""
+"""Rank functions of the checkpoint tests (module-level so that spawned ranks can import them)."""
 
 import os
 
 import torch
 
 import hotswitch as hs
-import runtime_workers as rw
+from hotswitch.testing.scenarios import BUDGET, LR, MAX_CONTEXT, TINY, batch, hardware
 
 STEPS = [[5, 9, 3, 7, 241], [1, 2, 3, 7, 13, 17, 31, 97, 131], [40, 23, 150, 29, 60, 2], [11, 200, 7, 19]]
 
 
 def _runtime(world, home, zero=False, hidden=None):
-    tiny = dict(rw.TINY)
+    tiny = dict(TINY)
     if hidden:
         tiny["hidden_size"] = hidden
     cfg = hs.TransformerConfig(**tiny, tied_embedding=True)
     candidates = ["dp4", "dp2tp2", "pp4", "tp2pp2"] if world == 4 else "auto"
-    budget = rw.BUDGET if world == 4 else 1 << 40
-    return hs.Runtime(cfg, candidates=candidates, home=home, hardware=rw.hardware(budget),
-                      max_context=rw.MAX_CONTEXT, zero=zero, seed=7, recalibrate=False,
-                      optimizer=lambda p: torch.optim.AdamW(p, lr=rw.LR, eps=1e-6, weight_decay=0.1))
+    budget = BUDGET if world == 4 else 1 << 40
+    return hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(budget),
+                      max_context=MAX_CONTEXT, zero=zero, seed=7, recalibrate=False,
+                      optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
 
 
 def _numpy(w):
@@ -30,10 +30,10 @@ def save_then_continue(rank, world, root, home, zero):
     """Trains two steps, saves, trains two more: the uninterrupted run."""
     rt = _runtime(world, home, zero)
     for i in range(2):
-        rt.train_step(rw.batch(STEPS[i], i))
+        rt.train_step(batch(STEPS[i], i))
     rt.save_checkpoint(root, data_state={"position": 2})
     saved = _numpy(rt.full_weights())
-    losses = [rt.train_step(rw.batch(STEPS[i], i)).loss for i in (2, 3)]
+    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
     return saved, losses, _numpy(rt.full_weights())
 
 
@@ -42,7 +42,7 @@ def resume(rank, world, root, home, zero):
     rt = _runtime(world, home, zero)
     info = rt.load_checkpoint(root)
     loaded = _numpy(rt.full_weights())
-    losses = [rt.train_step(rw.batch(STEPS[i], i)).loss for i in (2, 3)]
+    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
     return info, loaded, losses, _numpy(rt.full_weights())
 
 
@@ -64,9 +64,9 @@ def refuse(rank, world, path, hidden):
 def failed_save(rank, world, root):
     """A save that fails (metadata that cannot be written) leaves the previous checkpoint."""
     rt = _runtime(world, None)
-    rt.train_step(rw.batch(STEPS[0], 0))
+    rt.train_step(batch(STEPS[0], 0))
     first = rt.save_checkpoint(root)
-    rt.train_step(rw.batch(STEPS[1], 1))
+    rt.train_step(batch(STEPS[1], 1))
     try:
         rt.save_checkpoint(root, data_state={"bad": object()})
     except hs.CheckpointError as e:

@@ -4,8 +4,7 @@ produced them, and is deterministic."""
 import hotswitch as hs
 from hotswitch import _C
 from hotswitch.calibration.online import OnlineCalibration
-
-import runtime_workers as w
+from hotswitch.testing import scenarios as w
 
 BATCHES = [
     ("dp4", [[[40, 23]], [[17]], [[90]], [[5, 5, 5]]]),

@@ -7,8 +7,9 @@ import os
 import numpy as np
 import pytest
 
-import checkpoint_workers as w
 from hotswitch.testing.harness import run_world
+
+from tests.python.checkpoint import workers as w
 
 
 def _equal(a, b):
@@ -39,6 +40,22 @@ def test_resume_same_world_is_bitwise(saved):
 def test_resume_under_another_world_or_home_layout(saved, world, home, zero):
     root, (weights_at_save, losses, final) = saved
     info, loaded, resumed_losses, resumed_final = run_world(world, w.resume, root, home, zero, timeout=600)[0]
+    assert _equal(loaded, weights_at_save)  # loading only copies: exact
+    assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
+    assert _max_diff(resumed_final, final) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def saved_world2(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ckpt2"))
+    out = run_world(2, w.save_then_continue, root, "tp2", False, timeout=600)
+    return root, out[0]
+
+
+def test_resume_into_a_larger_world(saved_world2):
+    root, (weights_at_save, losses, final) = saved_world2
+    info, loaded, resumed_losses, resumed_final = run_world(4, w.resume, root, "dp2tp2", True, timeout=600)[0]
+    assert info["step"] == 2 and info["data_state"] == {"position": 2}
     assert _equal(loaded, weights_at_save)  # loading only copies: exact
     assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
     assert _max_diff(resumed_final, final) <= 1e-5

@@ -3,17 +3,17 @@ plans: planning, packing, switching and the reductions are deterministic."""
 
 import torch
 
-import determinism_workers as dw
-import runtime_workers as w
 from hotswitch.testing.harness import run_world
+
+from tests.python.runtime import workers as w
 
 CANDIDATES = ["dp4", "dp2tp2", "pp4", "tp2pp2"]
 STEPS = [w.STEPS[1], w.STEPS[2]]  # two and three phases: parameters and gradients switch
 
 
 def test_two_runs_are_bit_identical():
-    first = run_world(4, dw.train, CANDIDATES, STEPS, timeout=300)
-    second = run_world(4, dw.train, CANDIDATES, STEPS, timeout=300)
+    first = run_world(4, w.train_and_record_plans, CANDIDATES, STEPS, timeout=300)
+    second = run_world(4, w.train_and_record_plans, CANDIDATES, STEPS, timeout=300)
     plans = first[0][0]
     assert any(len(layouts) > 1 for layouts, *_ in plans), f"no step switched layouts: {plans}"
     for rank in range(4):

@@ -86,14 +86,16 @@ def switch_model(rank, world, src, dst, tied):
     direct = hs.ParallelTransformer(cfg, b, gb, seed=3)
     moved = hs.ParallelTransformer(cfg, b, gb, seed=9)
     moved.load_shards(hs.switch(model_a.named_shards(), ts, a, b).shards)
-    same_weights = all(torch.equal(x, y) for x, y in zip(moved.named_shards().values(),
-                                                          direct.named_shards().values()))
+    moved_shards, direct_shards = moved.named_shards(), direct.named_shards()
+    same_weights = moved_shards.keys() == direct_shards.keys() and all(
+        torch.equal(moved_shards[n], direct_shards[n]) for n in direct_shards)
     step = batches()[0]
     scale = 1.0 / hs.count_targets(step)
     loss_direct = direct.forward_backward(hs.split_replicas(step, b.dp)[gb.dp_rank], scale)
     loss_moved = moved.forward_backward(hs.split_replicas(step, b.dp)[gb.dp_rank], scale)
-    same_grads = all(torch.equal(x, y) for x, y in zip(moved.grad_shards().values(),
-                                                        direct.grad_shards().values()))
+    moved_grads, direct_grads = moved.grad_shards(), direct.grad_shards()
+    same_grads = moved_grads.keys() == direct_grads.keys() and all(
+        torch.equal(moved_grads[n], direct_grads[n]) for n in direct_grads)
     # Gradients of src, accumulated over two calls and left partial over the data replicas,
     # switched with their summands added, against the reduction done under dst.
     mine = hs.split_replicas(step, a.dp)[ga.dp_rank]
@@ -161,3 +163,65 @@ def dead_stage(rank, world, timeout, mode):
         return "no error", time.monotonic() - start
     except RuntimeError as e:
         return f"RuntimeError: {e}", time.monotonic() - start
+
+
+def forward_backward(rank, world):
+    """One forward and backward of the tiny model on this backend's device (TF32 off); the
+    loss and the gradients on the CPU."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = config(tied=True)
+    layout = hs.Layout.parse("dp1")
+    model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5)
+    step = batches()[0]
+    loss, _ = model.forward_backward(step, 1.0 / hs.count_targets(step))
+    model.finish_gradients()
+    device = next(iter(model.named_shards().values())).device.type
+    return device, float(loss), {k: v.detach().cpu().numpy().copy() for k, v in model.grad_shards().items()}
+
+
+def against_llama_reference(rank, world, tied, step_lengths, dtype_name):
+    """World 1: one step of our model and of the plain-PyTorch reference on the same
+    initial weights; per quantity the largest absolute difference and the reference's scale.
+    Our logits are those our loss reads (captured at the cross entropy)."""
+    from hotswitch.model import transformer
+    from hotswitch.model.init import init_full
+    from tests.python.model import llama_reference
+
+    cfg = config(tied)
+    layout = hs.Layout()
+    model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5)
+    micro_batches = batches(seed=99, step_lengths=[step_lengths])[0]
+    captured = []
+    original = transformer.vocab_parallel_cross_entropy
+
+    def capture(logits, target, vocab_start, group):
+        captured.append(logits.detach().clone())
+        return original(logits, target, vocab_start, group)
+
+    transformer.vocab_parallel_cross_entropy = capture
+    try:
+        targets = hs.count_targets(micro_batches)
+        loss_sum, _ = model.forward_backward(micro_batches, 1.0 / targets)
+    finally:
+        transformer.vocab_parallel_cross_entropy = original
+    grads = model.grad_shards()
+    assert len(captured) == len(micro_batches), (len(captured), len(micro_batches))
+    sequences, ours = [], []
+    for mb, logits in zip(micro_batches, captured):
+        assert logits.shape == (mb.num_tokens, cfg.vocab_size), tuple(logits.shape)  # world 1: no padding
+        cu = mb.cu_seqlens.tolist()
+        for a, b in zip(cu, cu[1:]):
+            sequences.append(mb.tokens[a:b])
+            ours.append(logits[a:b])
+    ref_logits, ref_loss, ref_grads = llama_reference.run(cfg, init_full(cfg, seed=5), sequences,
+                                                          getattr(torch, dtype_name))
+    assert grads.keys() == ref_grads.keys(), (sorted(grads), sorted(ref_grads))
+    return {
+        "sequences": [len(s) for s in sequences],
+        "logits": (max(float((a.double() - b.double()).abs().max()) for a, b in zip(ours, ref_logits)),
+                   max(float(b.abs().max()) for b in ref_logits)),
+        "loss": (loss_sum / targets, float(ref_loss)),
+        "grads": {n: (float((grads[n].double() - ref_grads[n].double()).abs().max()),
+                      float(ref_grads[n].abs().max())) for n in grads},
+    }

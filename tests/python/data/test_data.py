@@ -143,5 +143,9 @@ def test_lengths_cli_writes_one_length_per_line(corpus_dir, tmp_path_factory, ca
     written = [int(x) for x in out.read_text().split()]
     assert written == data.Corpus(str(corpus_dir), unit="block").lengths
     assert "documents from" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
+    before = out.read_text()
+    with pytest.raises(SystemExit) as info:
         lengths.main([str(tmp_path / "missing"), "-o", str(out)])
+    assert info.value.code == 2  # argparse's usage error
+    assert str(tmp_path / "missing") in capsys.readouterr().err
+    assert out.read_text() == before  # nothing written

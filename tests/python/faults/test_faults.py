@@ -5,7 +5,7 @@ complete state, and a restart from the last checkpoint continues training bit fo
 import numpy as np
 import pytest
 
-import fault_workers as w
+from hotswitch.testing import scenarios as w
 from hotswitch.testing.harness import run_world
 
 TIMEOUT = 8.0

@@ -5,7 +5,8 @@ import torch
 
 import hotswitch as hs
 from hotswitch import _C
-from reference import full_tensors, local_shards, model_set, zero_shard
+
+from tests.python.switch.placements import full_tensors, local_shards, model_set, zero_shard
 
 
 def test_layout_round_trip_and_groups():
@@ -53,9 +54,19 @@ def test_bad_input_raises_value_error_naming_the_value(make, needle):
 def test_plan_figures_and_cache():
     ts = model_set()
     cache = _C.PlanCache()
-    plan = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache)
-    again = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache)
-    assert len(cache) == 1 and again.stats == plan.stats
+    topology = hs.Topology(4, 4)
+    plan, hit = cache.get(ts, hs.Layout(tp=4), "sharded", hs.Layout(dp=4), "sharded", topology)
+    assert not hit and len(cache) == 1
+    again, hit = cache.get(ts, hs.Layout(tp=4), "sharded", hs.Layout(dp=4), "sharded", topology)
+    assert hit and len(cache) == 1
+    # The cached plan against one built independently, in a cache of its own.
+    fresh = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=_C.PlanCache())
+    assert again.stats == fresh.stats
+    assert again.messages() == fresh.messages()
+    assert again.send_bytes == fresh.send_bytes and again.recv_bytes == fresh.recv_bytes
+    # plan_switch looks up the same entry (its default topology is one node).
+    assert hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache).messages() == fresh.messages()
+    assert len(cache) == 1
     stats = plan.stats
     assert stats["bytes_moved"] == stats["lower_bound_bytes"] > 0
     assert stats["max_send_bytes"] == stats["lower_bound_max_send_bytes"]

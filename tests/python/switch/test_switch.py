@@ -5,8 +5,9 @@ import itertools
 import pytest
 
 import hotswitch as hs
-import switch_workers as w
 from hotswitch.testing.harness import run_world
+
+from tests.python.switch import workers as w
 
 
 def _layouts(world):

@@ -15,10 +15,11 @@ import torch
 import hotswitch as hs
 from hotswitch.testing.reference import train_static
 from hotswitch.model.init import init_full
-import model_workers as w
 from hotswitch.testing.harness import run_world
 from hotswitch.model.attention import LengthGroups, varlen_attention
 from hotswitch.model.init import uniform_at
+
+from tests.python.model import workers as w
 
 TOL = 1e-5
 WORLD4_RUNS = (
@@ -232,6 +233,7 @@ def test_cuda_nccl_training_matches_cpu_reference(references):
     layout = "tp2" if world == 2 else "dp1"
     results = run_world(world, w.parity_cuda, layout, references, backend="nccl", timeout=300)
     for losses, weight_diff in results:
+        assert len(losses) == len(references[False][0]) == len(w.STEP_LENGTHS)
         for a, b in zip(losses, references[False][0]):
             assert abs(a - b) <= 1e-4 * abs(b)
         assert weight_diff <= 1e-4

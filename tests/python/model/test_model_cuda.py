@@ -1,0 +1,23 @@
+"""The model's forward and backward on CUDA against the CPU. Skipped without a CUDA device;
+run by script/gpu-check (``pytest -m gpu``)."""
+
+import numpy as np
+import pytest
+import torch
+
+from hotswitch.testing.harness import run_world
+
+from tests.python.model import workers as w
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def test_model_forward_backward_on_cuda_matches_cpu():
+    cpu_device, cpu_loss, cpu_grads = run_world(1, w.forward_backward, timeout=300)[0]
+    gpu_device, gpu_loss, gpu_grads = run_world(1, w.forward_backward, backend="nccl", timeout=300)[0]
+    assert (cpu_device, gpu_device) == ("cpu", "cuda")
+    assert abs(gpu_loss - cpu_loss) <= 1e-5 * abs(cpu_loss)
+    assert cpu_grads.keys() == gpu_grads.keys()
+    for name in cpu_grads:
+        np.testing.assert_allclose(gpu_grads[name], cpu_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)

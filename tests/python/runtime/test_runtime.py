@@ -1,0 +1,161 @@
+"""The hot-switch runtime on real gloo processes: a run with switching equals the world-1 run
+of the same model and batches."""
+
+import math
+
+import numpy as np
+import pytest
+
+from hotswitch.testing.harness import run_world
+
+from tests.python.runtime import workers as w
+
+CANDIDATES = ["dp4", "dp2tp2", "pp4", "tp2pp2"]
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return run_world(1, w.train, "auto", timeout=300)[0]
+
+
+@pytest.fixture(scope="module")
+def untied_reference():
+    return run_world(1, w.train, "auto", False, "auto", False, timeout=300)[0]
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def _check_equal(result, reference):
+    steps, weights = result[:2]
+    ref_steps, ref_weights = reference[:2]
+    assert len(steps) == len(ref_steps)
+    for (loss, layouts, _, targets, _), (ref_loss, _, _, ref_targets, _) in zip(steps, ref_steps):
+        assert targets == ref_targets
+        assert abs(loss - ref_loss) <= TOL * abs(ref_loss), (layouts, loss, ref_loss)
+    assert _max_diff(weights, ref_weights) <= TOL
+
+
+def test_switching_run_equals_single_process(reference):
+    out = run_world(4, w.train, CANDIDATES, timeout=600)
+    steps = out[0][0]
+    assert all(o[0] == steps for o in out), "ranks report different steps"
+    assert all(o[3] for o in out), "copies of a weight differ between ranks"
+    phases = [len(layouts) for _, layouts, *_ in steps]
+    used = {l for _, layouts, *_ in steps for l in layouts}
+    # One phase for a single sequence, two and three or more when lengths spread.
+    assert phases[0] == 1 and phases[1] >= 2 and max(phases) >= 3, phases
+    assert any("tp" in l for l in used) and any("pp" in l for l in used), used
+    _check_equal(out[0], reference)
+
+
+def _runtime_methods(zero):
+    """The planner's gradient methods in the runtime's words. The home layout's own
+    reduction ("in_place") needs no switch ("local"), except under ZeRO, where its partial
+    gradients are summed into the flat home shard by a switch ("partial")."""
+    return {"switch_partial": "partial", "reduce_then_switch": "reduce", "in_place": "partial" if zero else "local"}
+
+
+@pytest.mark.parametrize("zero,grad_method", [(True, "auto"), (True, "reduce"), (False, "reduce"), (False, "partial")])
+def test_zero_and_reduced_gradients_equal_single_process(reference, zero, grad_method):
+    out = run_world(4, w.train, CANDIDATES, zero, grad_method, timeout=600)
+    steps = out[0][0]
+    assert all(o[0] == steps for o in out), "ranks report different steps"
+    assert all(o[3] for o in out), "copies of a weight differ between ranks"
+    ran = [list(zip(layouts, methods)) for _, layouts, methods, _, _ in steps]
+    layouts = {l for phases in ran for l, _ in phases}
+    methods = {m for phases in ran for _, m in phases}
+    # Every step runs the planner's layouts; the long sequences need the model split over 4
+    # ranks, the short ones run data-parallel.
+    assert [[l for l, _ in phases] for phases in ran] == [[l for l, _ in p] for *_, p in steps], steps
+    assert max(len(phases) for phases in ran) >= 2
+    assert "dp4" in layouts and layouts & {"pp4", "tp2pp2"}, layouts
+    if zero:
+        # The home accumulator is a flat ZeRO shard: even the home layout's phase switches.
+        assert "local" not in methods, ran
+    if grad_method == "auto":
+        # The planner's choice, phase by phase. Into a ZeRO home shard the partial summands
+        # move once (a reduce-scatter across layouts), while reducing first all-reduces and
+        # then moves the reduced shards too: here the planner takes partial for every phase.
+        assert [[m for _, m in phases] for phases in ran] == [
+            [_runtime_methods(zero)[m] for _, m in p] for *_, p in steps], steps
+        assert methods == {"partial"}, ran
+        assert len(layouts) >= 3, ran
+    else:
+        assert methods <= {grad_method, "local"} and grad_method in methods, ran
+    _check_equal(out[0], reference)
+
+
+def test_bad_steps_raise_on_every_rank_and_change_nothing():
+    out = run_world(2, w.refusals, ["dp2", "tp2", "pp2"], timeout=300)
+    needles = ["non-empty list of token sequences", "sequence 1 must be a non-empty", "token id 500",
+               "more than max_context(256)", "integer token ids", "no target tokens", "differs from the batch",
+               "refused the batch|differs from the batch", "sequence 0 must be", "sequence 1 must be",
+               "sequence 0 must be", "integer token ids", "refused the batch|sequence 0 must be"]
+    for rank, (messages, unchanged, loss) in enumerate(out):
+        assert len(messages) == len(needles)
+        assert unchanged, f"rank {rank}: master weights changed by a refused step"
+        assert np.isfinite(loss)
+        for message, needle in zip(messages, needles):
+            assert message is not None, f"rank {rank}: a bad step was accepted ({needle})"
+            assert any(n in message for n in needle.split("|")), (needle, message)
+
+
+def test_a_context_no_layout_holds_is_refused_at_construction():
+    messages = run_world(4, w.too_long_for_memory, timeout=300)
+    for m in messages:
+        assert m is not None and "max_context(256)" in m and "the longest that fits is" in m
+
+
+def test_recalibrated_run_plans_alike_on_every_rank_and_equals_single_process(reference):
+    out = run_world(4, w.train, CANDIDATES, False, "auto", True, w.STEPS, True, timeout=600)
+    profiles = [o[0][-1] for o in out]
+    assert all(p == profiles[0] for p in profiles), "ranks re-calibrated differently"
+    assert dict(profiles[0]) != w.hardware().to_dict(), "the measured times changed nothing"
+    steps = out[0][0][:-1]
+    _check_equal((steps, out[0][1]), reference)
+
+
+def test_switching_into_a_pipeline_layout_in_the_middle_of_a_step(reference):
+    # Home dp4, whose phase runs first: its short sequences run there, then the parameters
+    # switch from the running dp4 model (not from the master weights) into a pipeline layout
+    # for the long ones, and the pipeline's gradients switch back into the dp4 accumulator.
+    out = run_world(4, w.train, ["dp4", "pp4", "tp2pp2"], False, "auto", True, w.STEPS, False, "dp4", timeout=600)
+    steps = out[0][0]
+    assert out[0][2] == "dp4"
+    assert all(o[0] == steps for o in out), "ranks report different steps"
+    assert all(o[3] for o in out), "copies of a weight differ between ranks"
+    into_pipeline = [(i, k) for i, (_, layouts, *_) in enumerate(steps) for k in range(1, len(layouts))
+                     if "pp" in layouts[k] and layouts[k - 1] == "dp4"]
+    assert len(into_pipeline) >= 2, [layouts for _, layouts, *_ in steps]
+    _check_equal(out[0], reference)
+
+
+def test_untied_embeddings_equal_single_process(untied_reference):
+    out = run_world(4, w.train, CANDIDATES, False, "auto", False, timeout=600)
+    steps = out[0][0]
+    assert all(o[3] for o in out), "copies of a weight differ between ranks"
+    assert "head.weight" in out[0][1] and "head.weight" in untied_reference[1]
+    assert max(len(layouts) for _, layouts, *_ in steps) >= 3
+    _check_equal(out[0], untied_reference)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_a_nonfinite_loss_raises_or_skips_and_changes_nothing(policy):
+    out = run_world(4, w.nonfinite, policy, CANDIDATES, timeout=600)
+    for rank, (outcome, unchanged, step, retried, expected, layouts) in enumerate(out):
+        assert len(layouts) >= 3, layouts  # the poisoned weights pass through two switches and back
+        if policy == "raise":
+            assert outcome[0] == "raised" and "the loss is nan" in outcome[1], (rank, outcome)
+            assert step == 1, (rank, step)  # the step did not count
+        else:
+            kind, loss, result_step, ran = outcome
+            assert kind == "skipped" and math.isnan(loss) and result_step == step == 2, (rank, outcome)
+            assert ran == layouts, (ran, layouts)
+        assert unchanged, f"rank {rank}: the master weights or the optimizer state changed"
+        # With the finite weights back, the retried step is the step of a run that never
+        # saw the poisoned one: the refused step left no trace in the optimizer.
+        assert retried == expected, (rank, retried, expected)

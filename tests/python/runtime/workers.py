@@ -1,0 +1,157 @@
+"""Rank functions of the runtime tests (module-level so that spawned ranks can import them)."""
+
+import copy
+
+import torch
+
+import hotswitch as hs
+from hotswitch.testing.scenarios import BUDGET, LR, MAX_CONTEXT, STEPS, TINY, batch, hardware
+
+
+def _numpy(shards):
+    return {k: v.detach().cpu().numpy().copy() for k, v in shards.items()}
+
+
+def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, steps=STEPS, recalibrate=False,
+          home=None):
+    """Trains the steps; returns per step (loss, layouts, grad methods, target tokens, and
+    without re-calibration the planner's (layout, grad method) of each phase), the full
+    weights (rank 0 only), the home layout and whether every copy of a weight is the same."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=tied)
+    # World 1 holds the whole model on one rank: no budget there.
+    budget = BUDGET if world > 1 else 1 << 40
+    rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(budget), max_context=MAX_CONTEXT,
+                    zero=zero, grad_method=grad_method, seed=7, recalibrate=recalibrate,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    out = []
+    for i, lengths in enumerate(steps):
+        b = batch(lengths, i)
+        # With a fixed cost model the planner plans this batch as train_step will.
+        planned = None if recalibrate else [(ph["layout"].name, ph["grad_method"])
+                                            for ph in rt.planner.plan(lengths)["phases"]]
+        r = rt.train_step(b)
+        out.append((r.loss, r.layouts, [p.grad_method for p in r.phases], r.targets, planned))
+    if recalibrate:  # every rank plans with the same re-calibrated model
+        out.append(sorted(rt.hardware.to_dict().items()))
+    weights = rt.full_weights()
+    # Every copy of a weight (data replicas, a tied embedding on two stages) holds the same bits.
+    mine = rt._master_shards()
+    expected = hs.shard_tensors(weights, rt.tensor_set, rt.home, rank, kind="zero" if zero else "sharded")
+    copies_equal = (torch.equal(mine, expected) if zero else
+                    all(torch.equal(mine[n], expected[n]) for n in mine))
+    return out, _numpy(weights) if rank == 0 else None, rt.home.name, copies_equal
+
+
+def refusals(rank, world, candidates):
+    """Bad steps raise ValueError on every rank and leave the master weights untouched."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=candidates, hardware=hardware(1 << 40), max_context=MAX_CONTEXT, seed=7)
+    before = {k: v.clone() for k, v in rt._master_shards().items()}
+    messages = []
+    bad = [
+        [],                                     # empty batch
+        [[1, 2, 3], []],                        # an empty sequence
+        [[1, 2, 500]],                          # token outside the vocabulary
+        [[1] * (MAX_CONTEXT + 1)],              # longer than the max context
+        [[1.5, 2.0]],                           # not token ids
+        [[3]],                                  # no target tokens
+        batch([5, 7], seed=rank),               # ranks disagree on the batch
+        [[1, 2]] if rank == 1 else [[1, 2, 3]],  # one rank's batch differs in length
+        [[1, 2**70]],                           # an id beyond int64
+        [[1, 2], None],                         # not a sequence
+        [{"a": 1}],                             # a mapping
+        [[1 + 2j, 3]],                          # complex numbers
+        [[1, 2, 3]] if rank == 0 else [None],   # one rank's batch is malformed
+    ]
+    for b in bad:
+        try:
+            rt.train_step(b)
+        except ValueError as e:
+            messages.append(str(e))
+        else:
+            messages.append(None)
+    after = rt._master_shards()
+    unchanged = all(torch.equal(before[k], after[k]) for k in before)
+    # The runtime still trains after the refusals.
+    loss = rt.train_step(batch([5, 9, 250], 0)).loss
+    return messages, unchanged, loss
+
+
+def too_long_for_memory(rank, world):
+    """A max context no layout holds within the budget is refused at construction."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    try:
+        hs.Runtime(cfg, candidates=["dp4", "dp2tp2"], hardware=hardware(), max_context=MAX_CONTEXT)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def train_and_record_plans(rank, world, candidates, steps):
+    """Trains ``steps`` (lists of lengths) with a fixed cost model; returns per step the plan
+    as this rank saw it (layouts, per phase its sequences, tokens, micro-batches, gradient
+    method and predicted seconds) and the loss, and the full weights (rank 0 only)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=candidates, hardware=hardware(), max_context=MAX_CONTEXT, seed=7,
+                    recalibrate=False,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    plans = []
+    for i, lengths in enumerate(steps):
+        r = rt.train_step(batch(lengths, i))
+        phases = [(p.layout, p.sequences, p.tokens, p.micro_batches, p.grad_method, p.predicted_s) for p in r.phases]
+        plans.append((r.layouts, phases, r.predicted_s, r.loss))
+    weights = rt.full_weights()
+    return plans, _numpy(weights) if rank == 0 else None
+
+
+def _state_copy(state):
+    return {"step": state["step"], "params": [p.clone() for p in state["params"]],
+            "optimizer": copy.deepcopy(state["optimizer"])}
+
+
+def _same_state(a, b):
+    """Whether two runtime states hold the same bits (optimizer state included)."""
+    if a["step"] != b["step"] or len(a["params"]) != len(b["params"]):
+        return False
+    if not all(torch.equal(x, y) for x, y in zip(a["params"], b["params"])):
+        return False
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    return sa.keys() == sb.keys() and all(
+        sa[k].keys() == sb[k].keys() and all(torch.equal(torch.as_tensor(sa[k][f]), torch.as_tensor(sb[k][f]))
+                                             for f in sa[k]) for k in sa)
+
+
+def nonfinite(rank, world, policy, candidates):
+    """A finite step, then a step whose loss is not finite: one element of the master final
+    norm weight is set to inf (through ``load_state_dict``), so every logit of the poisoned
+    step is NaN or infinite. Returns what the poisoned step did, whether the master weights
+    and the optimizer state stayed as they were, and — after the finite weights are loaded
+    back — the loss of the step retried, against a run that never saw the poisoned step."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+
+    def runtime():
+        return hs.Runtime(cfg, candidates=candidates, hardware=hardware(), max_context=MAX_CONTEXT, seed=7,
+                          recalibrate=False, nonfinite=policy,
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+
+    rt, clean = runtime(), runtime()
+    for r in (rt, clean):
+        r.train_step(batch(STEPS[1], 0))
+    good = _state_copy(rt.state_dict())
+    poisoned = _state_copy(good)
+    names = list(rt.master)
+    if "final_norm.weight" in names:  # the ranks of the home layout's last stage
+        poisoned["params"][names.index("final_norm.weight")][0] = float("inf")
+    rt.load_state_dict(poisoned)
+    before = _state_copy(rt.state_dict())
+    try:
+        r = rt.train_step(batch(STEPS[2], 1))
+        outcome = ("skipped" if r.skipped else "stepped", r.loss, r.step, r.layouts)
+    except hs.NonFiniteLoss as e:
+        outcome = ("raised", str(e), rt.step, None)
+    after = rt.state_dict()
+    unchanged = _same_state(before, {**after, "step": before["step"]})
+    rt.load_state_dict(good)
+    retried = rt.train_step(batch(STEPS[2], 1))
+    expected = clean.train_step(batch(STEPS[2], 1))
+    return outcome, unchanged, after["step"], retried.loss, expected.loss, expected.layouts
