@@ -11,7 +11,8 @@ PACKAGE = os.path.dirname(os.path.abspath(hs.__file__))
 # Lower layers first; a module may import only from its own layer or a lower one.
 LAYERS = {"library": 0, "analysis": 1, "testing": 1, "cli": 2, "entry": 3}
 # The package's API module and the command-line shims that keep `python -m hotswitch.X` working.
-ENTRY_POINTS = {"hotswitch", "hotswitch.train", "hotswitch.launch", "hotswitch.calibration.__main__"}
+ENTRY_POINTS = {"hotswitch", "hotswitch.train", "hotswitch.launch", "hotswitch.calibration.__main__",
+                "hotswitch.preprocess_data", "hotswitch.train_tokenizer", "hotswitch.convert"}
 
 
 def package_sources():

@@ -1,4 +1,5 @@
-"""Trains a LLaMA-style model on a directory of text files, statically or with hot switching.
+"""Trains a LLaMA-style model on Megatron-LM indexed datasets or a directory of text files,
+statically or with hot switching.
 
     torchrun --nproc-per-node 4 -m hotswitch.train --num-layers 4 --hidden-size 128 \\
         --num-attention-heads 4 --seq-length 1024 --global-batch-size 32 --train-iters 20 \\
@@ -12,6 +13,7 @@ layouts. Gloo on CPU, NCCL when CUDA is available.
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +25,10 @@ import torch
 import torch.distributed as dist
 
 from hotswitch._C import Layout
-from hotswitch.data import Corpus, LengthAwareSampler
+from hotswitch.data.blend import open_splits
+from hotswitch.data.sampler import LengthAwareSampler
+from hotswitch.data.text import default_corpus_dir
+from hotswitch.data.tokenizers import TOKENIZER_TYPES, build_tokenizer
 from hotswitch.distributed import init_distributed
 from hotswitch.config import RuntimeConfig
 from hotswitch.hardware import load_hardware
@@ -46,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seq-length", type=int, default=1024, help="the longest sequence (max context)")
     m.add_argument("--max-position-embeddings", type=int, default=None, help="default: --seq-length")
     m.add_argument("--vocab-size", type=int, default=None,
-                   help="default: the tokenizer's 258, padded to --make-vocab-size-divisible-by")
+                   help="default: the tokenizer's, padded to --make-vocab-size-divisible-by")
     m.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     t = p.add_argument_group("training")
@@ -73,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                      help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
     d = p.add_argument_group("data")
-    d.add_argument("--data-path", default=None, help="directory of text files (default: Python's stdlib)")
+    d.add_argument("--data-path", nargs="+", default=None,
+                   help="an indexed dataset prefix (PREFIX.bin/.idx) or a directory of text files, or a blend "
+                        "'0.3 PREFIX_A 0.7 PREFIX_B' (default: Python's stdlib source)")
+    d.add_argument("--split", default="969,30,1", help="train,validation,test shares of each source's documents")
+    d.add_argument("--tokenizer-type", default="ByteTokenizer", choices=TOKENIZER_TYPES)
+    d.add_argument("--tokenizer-model", default=None, help="SentencePiece model file")
     d.add_argument("--document-unit", default="block", choices=None, help="file or block")
     d.add_argument("--long-sequences", default="truncate", help="truncate or split documents over --seq-length")
     d.add_argument("--max-files", type=int, default=None)
@@ -128,11 +138,16 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         args.num_query_groups = args.num_attention_heads
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = -(-8 * args.hidden_size // 3 // 64) * 64
+    try:
+        args.tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    except ValueError as e:
+        parser.error(str(e))
+    tokens = args.tokenizer.vocab_size
     if args.vocab_size is None:
         k = args.make_vocab_size_divisible_by
-        args.vocab_size = -(-258 // k) * k
-    elif args.vocab_size < 258:
-        parser.error(f"--vocab-size({args.vocab_size}) must hold the byte tokenizer's 258 tokens")
+        args.vocab_size = -(-tokens // k) * k
+    elif args.vocab_size < tokens:
+        parser.error(f"--vocab-size({args.vocab_size}) must hold the {args.tokenizer_type}'s {tokens} tokens")
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if world is not None and not args.hot_switch and world % (tp * pp):
         parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) model parallel size")
@@ -180,9 +195,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             max_position_embeddings=args.max_position_embeddings,
             tied_embedding=not args.untie_embeddings_and_output_weights)
         settings = runtime_config(args, world)
-        corpus = Corpus(args.data_path, max_files=args.max_files, unit=args.document_unit)
+        splits = open_splits(args.data_path or [default_corpus_dir()], args.split, args.tokenizer,
+                             max_length=args.seq_length, max_files=args.max_files, unit=args.document_unit)
         sampler = LengthAwareSampler(
-            corpus, max_length=args.seq_length,
+            splits.train, max_length=args.seq_length,
             global_batch_size=None if args.global_batch_tokens else args.global_batch_size,
             global_batch_tokens=args.global_batch_tokens, seed=args.seed, long_sequences=args.long_sequences)
         runtime = Runtime(
@@ -193,6 +209,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(str(e))
 
     log = get_logger("train")
+    if rank == 0:
+        print(f"data: {splits.describe()} ({args.long_sequences})", flush=True)
     start_step = 0
     source = args.load or (args.save if args.resume else None)
     if source:
@@ -231,7 +249,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(msg, flush=True)
         last = it + 1 == args.train_iters
         if args.save and (last or (args.save_interval and (it + 1) % args.save_interval == 0)):
-            path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict())
+            path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict(),
+                                           extra={"model": dataclasses.asdict(config)})
             if rank == 0:
                 (bar.write if bar is not None else print)(f"saved {path}")
     if bar is not None:
@@ -239,6 +258,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     summary = _summary(results, runtime, world)
     if rank == 0:
+        print(f"data: {sampler.cut_documents} of {sampler.documents_drawn} documents drawn were longer than "
+              f"--seq-length {args.seq_length} ({args.long_sequences})", flush=True)
         print(_format_summary(summary), flush=True)
         if args.summary_json:
             with open(args.summary_json, "w") as f:
