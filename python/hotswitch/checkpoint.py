@@ -10,6 +10,10 @@ Layout of a checkpoint directory ``ROOT/step_00000042``::
     boxes/<state>/<tensor>/<lo>_<hi>.bin   raw little-endian elements of one box, row-major
     rng/rank_00003.pt          each rank's RNG states (restored when the world is the same)
 
+``read_tensors`` and ``write_tensors`` read and write the full tensors of one process (model
+conversion, ``python -m hotswitch.convert``); a checkpoint that ``write_tensors`` made holds
+the weights only, and the optimizer that loads it keeps its own settings and starts afresh.
+
 Each box is written once, by one rank that holds it (no rank gathers the model). A save
 goes to a temporary directory renamed to ``step_N`` only once every rank has written and
 ``metadata.json`` is complete, then ``ROOT/latest`` names it: a crash during a save leaves
@@ -35,7 +39,7 @@ from hotswitch._checks import read_json_object
 from hotswitch._errors import as_fault
 from hotswitch.logging import get_logger
 
-__all__ = ["CheckpointError", "latest_checkpoint", "load", "save"]
+__all__ = ["CheckpointError", "latest_checkpoint", "load", "read_tensors", "save", "write_tensors"]
 
 FORMAT = "hotswitch-checkpoint-1"
 _log = get_logger("checkpoint")
@@ -262,22 +266,27 @@ class _Reader:
     def read(self, entry: dict, dtype) -> np.ndarray:
         rel = entry["file"]
         if rel not in self.cache:
-            full = os.path.join(self.path, rel)
-            try:
-                with open(full, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                raise CheckpointError(f"cannot read {full} (tensor {entry['tensor']}, {entry['state']}): "
-                                      f"{e.strerror}") from None
-            if len(data) != entry["bytes"]:
-                raise CheckpointError(f"{full} (tensor {entry['tensor']}, {entry['state']}) has {len(data)} bytes, "
-                                      f"expected {entry['bytes']}: truncated or overwritten")
-            if zlib.crc32(data) != entry["crc32"]:
-                raise CheckpointError(f"{full} (tensor {entry['tensor']}, {entry['state']}) fails its CRC-32 check: "
-                                      "corrupt")
+            data = self.read_bytes(entry)
             shape = [b - a for a, b in zip(entry["lo"], entry["hi"])]
             self.cache[rel] = np.frombuffer(data, dtype=dtype).reshape(shape)
         return self.cache[rel]
+
+    def read_bytes(self, entry: dict) -> bytes:
+        """The bytes of one box file, size and CRC-32 checked."""
+        full = os.path.join(self.path, entry["file"])
+        try:
+            with open(full, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise CheckpointError(f"cannot read {full} (tensor {entry['tensor']}, {entry['state']}): "
+                                  f"{e.strerror}") from None
+        if len(data) != entry["bytes"]:
+            raise CheckpointError(f"{full} (tensor {entry['tensor']}, {entry['state']}) has {len(data)} bytes, "
+                                  f"expected {entry['bytes']}: truncated or overwritten")
+        if zlib.crc32(data) != entry["crc32"]:
+            raise CheckpointError(f"{full} (tensor {entry['tensor']}, {entry['state']}) fails its CRC-32 check: "
+                                  "corrupt")
+        return data
 
 
 def _fill(reader: _Reader, entries: List[dict], lo, hi, out: torch.Tensor, what: str) -> None:
@@ -348,6 +357,8 @@ def _load(runtime, path: str) -> dict:
         if "param" not in new_states:
             raise CheckpointError(f"{path}/metadata.json lists no parameters")
         groups = current["optimizer"]["param_groups"]
+        if meta["param_groups"] is None:  # weights only (write_tensors): the optimizer's own settings
+            meta["param_groups"] = [{} for _ in groups]
         if len(meta["param_groups"]) != len(groups):
             raise CheckpointError(f"{path}/metadata.json has {len(meta['param_groups'])} optimizer parameter groups, "
                                   f"the runtime's optimizer {len(groups)}")
@@ -392,3 +403,116 @@ def _load(runtime, path: str) -> dict:
     _log.info("rank %d: loaded %s (step %d, saved under %s on %d ranks)", rank, path, meta["step"],
               meta["home"], meta["world"])
     return {"step": meta["step"], "data_state": meta["data_state"], "extra": meta["extra"]}
+
+
+def _torch_dtype(name: str, where: str) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"{where}: dtype {name!r} is not a torch dtype")
+    return dtype
+
+
+def read_tensors(path: str, state: str = "param") -> Tuple[Dict[str, torch.Tensor], dict]:
+    """The full tensors of one state of a checkpoint (``"param"``: the weights), name -> tensor
+    of the spec's full shape and dtype in spec order, and the checkpoint's metadata. Not
+    collective: one process reads every box (for conversion and inspection; a runtime
+    loads with ``load``). ``path``: a ``step_N`` directory or a root holding ``latest``.
+    ``CheckpointError`` naming the file and the tensor for a missing, corrupt or incomplete
+    checkpoint."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"checkpoint path must be a path, got {type(path).__name__}")
+    path = os.fspath(path)
+    if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path}/latest names no checkpoint directory")
+        path = found
+    meta = _read_metadata(path)
+    try:
+        if state not in meta["states"]:
+            raise CheckpointError(f"{path}/metadata.json has no state {state!r} (states: {meta['states']})")
+        entries: Dict[str, List[dict]] = {}
+        for e in meta["manifest"]:
+            if e["state"] == state:
+                entries.setdefault(e["tensor"], []).append(e)
+        reader = _Reader(path)
+        out: Dict[str, torch.Tensor] = {}
+        for spec in meta["specs"]:
+            name, shape = spec["name"], list(spec["shape"])
+            dtype = _torch_dtype(spec["dtype"], f"{path}/metadata.json: tensor {name!r}")
+            full = torch.empty(shape, dtype=dtype)
+            covered = 0
+            for e in entries.get(name, []):
+                box = [b - a for a, b in zip(e["lo"], e["hi"])]
+                if len(box) != len(shape) or any(a < 0 or b > n for a, b, n in zip(e["lo"], e["hi"], shape)):
+                    raise CheckpointError(f"{path}: box {e['lo']}..{e['hi']} of tensor {name!r} lies outside its "
+                                          f"shape {shape}")
+                data = reader.read_bytes(e)
+                if len(data) != int(np.prod(box)) * full.element_size():
+                    raise CheckpointError(f"{path}/{e['file']}: {len(data)} bytes for box {box} of {dtype} "
+                                          f"(tensor {name!r})")
+                if data:  # bytes first, then a view as the dtype: numpy has no bfloat16
+                    raw = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+                    full[tuple(slice(a, b) for a, b in zip(e["lo"], e["hi"]))] = raw.view(dtype).reshape(box)
+                covered += int(np.prod(box))
+            if covered != full.numel():
+                raise CheckpointError(f"{path}: tensor {name!r} ({state}) has {covered} of {full.numel()} elements "
+                                      "in the manifest: missing or overlapping boxes")
+            out[name] = full
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from None
+    return out, meta
+
+
+def write_tensors(root: str, tensors: Dict[str, torch.Tensor], step: int = 0, extra: Optional[dict] = None) -> str:
+    """Writes full tensors (name -> CPU tensor) as a weights-only checkpoint ``root/step_N``
+    (one box per tensor; ``latest`` names it) and returns its path. Not collective: one
+    process writes. ``Runtime.load_checkpoint`` loads it under any layout and world when the
+    names, shapes and dtypes are the model's; its optimizer keeps its settings and starts
+    with no state."""
+    if not isinstance(root, (str, os.PathLike)):
+        raise ValueError(f"checkpoint directory must be a path, got {type(root).__name__}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if not isinstance(tensors, dict) or not tensors:
+        raise ValueError("tensors must be a non-empty dict of name -> torch.Tensor")
+    root = os.fspath(root)
+    name = f"step_{step:08d}"
+    tmp = os.path.join(root, f".{name}.tmp-{os.urandom(4).hex()}")
+    manifest, specs = [], []
+    try:
+        for tensor, t in tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"tensor {tensor!r} is a {type(t).__name__}, expected a torch.Tensor")
+            data = t.detach().cpu().contiguous()
+            width = data.element_size()
+            raw = data.view(torch.uint8) if width == 1 else \
+                data.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[width])
+            blob = raw.numpy().tobytes()
+            lo, hi = [0] * data.dim(), list(data.shape)
+            rel = os.path.join("boxes", "param", tensor, _box_name(lo, hi) + ".bin")
+            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+            with open(os.path.join(tmp, rel), "wb") as f:
+                f.write(blob)
+            manifest.append({"state": "param", "tensor": tensor, "lo": lo, "hi": hi, "file": rel,
+                             "bytes": len(blob), "crc32": zlib.crc32(blob)})
+            specs.append({"name": tensor, "shape": hi, "dtype": str(data.dtype).replace("torch.", "")})
+        meta = {"format": FORMAT, "step": step, "world": 1, "home": "dp1", "zero": False, "specs": specs,
+                "states": ["param"], "scalars": {}, "param_groups": None, "data_state": None, "extra": extra,
+                "manifest": manifest, "rng": []}
+        with open(os.path.join(tmp, "metadata.json"), "w") as f:
+            json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
+        final = os.path.join(root, name)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        latest = os.path.join(root, ".latest.tmp")
+        with open(latest, "w") as f:
+            f.write(name + "\n")
+        os.replace(latest, os.path.join(root, "latest"))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final

@@ -12,7 +12,8 @@ PACKAGE = os.path.dirname(os.path.abspath(hs.__file__))
 # support sits above the programs: it drives them as tests do.
 LAYERS = {"library": 0, "analysis": 1, "cli": 2, "testing": 3, "entry": 4}
 # The package's API module and the command-line shims that keep `python -m hotswitch.X` working.
-ENTRY_POINTS = {"hotswitch", "hotswitch.train", "hotswitch.launch", "hotswitch.plots", "hotswitch.calibration.__main__"}
+ENTRY_POINTS = {"hotswitch", "hotswitch.train", "hotswitch.launch", "hotswitch.plots", "hotswitch.calibration.__main__",
+                "hotswitch.preprocess_data", "hotswitch.train_tokenizer", "hotswitch.convert"}
 
 
 def package_sources():

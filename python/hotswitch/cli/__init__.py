@@ -4,6 +4,9 @@ logic of its own that the library lacks.
 - ``python -m hotswitch.train``: training, Megatron-LM's arguments (``cli.train``);
 - ``python -m hotswitch.launch``: starts the ranks of a job on this machine (``cli.launch``);
 - ``python -m hotswitch.calibration``: fits a hardware profile here (``cli.calibration``);
+- ``python -m hotswitch.preprocess_data``: JSONL to Megatron-LM's indexed dataset (``cli.preprocess_data``);
+- ``python -m hotswitch.train_tokenizer``: a SentencePiece model from text (``cli.train_tokenizer``);
+- ``python -m hotswitch.convert``: checkpoints to and from Hugging Face LLaMA safetensors (``cli.convert``);
 - ``python -m hotswitch.cli.plan``: the planner's dry run;
 - ``python -m hotswitch.cli.lengths``: a lengths file from a directory of text.
 """

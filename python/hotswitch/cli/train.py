@@ -1,4 +1,5 @@
-"""Trains a LLaMA-style model on a directory of text files, statically or with hot switching.
+"""Trains a LLaMA-style model on Megatron-LM indexed datasets or a directory of text files,
+statically or with hot switching.
 
     torchrun --nproc-per-node 4 -m hotswitch.train --num-layers 4 --hidden-size 128 \\
         --num-attention-heads 4 --seq-length 1024 --global-batch-size 32 --train-iters 20 \\
@@ -12,6 +13,7 @@ layouts. Gloo on CPU, NCCL when CUDA is available.
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +25,10 @@ import torch
 import torch.distributed as dist
 
 from hotswitch._C import Layout
-from hotswitch.data import Corpus, LengthAwareSampler
+from hotswitch.data.blend import open_splits
+from hotswitch.data.sampler import LengthAwareSampler
+from hotswitch.data.text import default_corpus_dir
+from hotswitch.data.tokenizers import TOKENIZER_TYPES, build_tokenizer
 from hotswitch.distributed import init_distributed
 from hotswitch.config import RuntimeConfig
 from hotswitch.hardware import load_hardware
@@ -33,7 +38,7 @@ from hotswitch.runtime import Runtime
 from hotswitch.schedule import DECAY_STYLES, LearningRateSchedule
 
 __all__ = ["build_parser", "format_iteration", "iteration_record", "learning_rate_schedule", "main", "parse_args",
-           "runtime_config"]
+           "runtime_config", "validation_record"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seq-length", type=int, default=1024, help="the longest sequence (max context)")
     m.add_argument("--max-position-embeddings", type=int, default=None, help="default: --seq-length")
     m.add_argument("--vocab-size", type=int, default=None,
-                   help="default: the tokenizer's 258, padded to --make-vocab-size-divisible-by")
+                   help="default: the tokenizer's, padded to --make-vocab-size-divisible-by")
     m.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     t = p.add_argument_group("training")
@@ -81,7 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                      help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
     d = p.add_argument_group("data")
-    d.add_argument("--data-path", default=None, help="directory of text files (default: Python's stdlib)")
+    d.add_argument("--data-path", nargs="+", default=None,
+                   help="an indexed dataset prefix (PREFIX.bin/.idx) or a directory of text files, or a blend "
+                        "'0.3 PREFIX_A 0.7 PREFIX_B' (default: Python's stdlib source)")
+    d.add_argument("--split", default="969,30,1", help="train,validation,test shares of each source's documents")
+    d.add_argument("--tokenizer-type", default="ByteTokenizer", choices=TOKENIZER_TYPES)
+    d.add_argument("--tokenizer-model", default=None, help="SentencePiece model file")
     d.add_argument("--document-unit", default="block", choices=None, help="file or block")
     d.add_argument("--long-sequences", default="truncate", help="truncate or split documents over --seq-length")
     d.add_argument("--max-files", type=int, default=None)
@@ -95,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--log-interval", type=int, default=1)
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--summary-json", default=None, help="write the end-of-run summary to this file (rank 0)")
+    o.add_argument("--eval-interval", type=int, default=None,
+                   help="evaluate on the validation split every N iterations (and after the last)")
+    o.add_argument("--eval-iters", type=int, default=10, help="validation batches per evaluation")
     o.add_argument("--metrics-file", default=None,
                    help="append each logged iteration's figures as one JSON object a line (rank 0)")
     return p
@@ -110,7 +123,8 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("num_query_groups", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
+    for name in ("eval_interval", "eval_iters", "num_query_groups", "ffn_hidden_size", "max_position_embeddings",
+                 "vocab_size",
                  "micro_batch_size", "global_batch_tokens", "max_files", "save_interval"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -146,11 +160,16 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         args.num_query_groups = args.num_attention_heads
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = -(-8 * args.hidden_size // 3 // 64) * 64
+    try:
+        args.tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    except ValueError as e:
+        parser.error(str(e))
+    tokens = args.tokenizer.vocab_size
     if args.vocab_size is None:
         k = args.make_vocab_size_divisible_by
-        args.vocab_size = -(-258 // k) * k
-    elif args.vocab_size < 258:
-        parser.error(f"--vocab-size({args.vocab_size}) must hold the byte tokenizer's 258 tokens")
+        args.vocab_size = -(-tokens // k) * k
+    elif args.vocab_size < tokens:
+        parser.error(f"--vocab-size({args.vocab_size}) must hold the {args.tokenizer_type}'s {tokens} tokens")
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.train_iters
     if args.lr_warmup_fraction is not None:
@@ -217,9 +236,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             max_position_embeddings=args.max_position_embeddings,
             tied_embedding=not args.untie_embeddings_and_output_weights)
         settings = runtime_config(args, world)
-        corpus = Corpus(args.data_path, max_files=args.max_files, unit=args.document_unit)
+        splits = open_splits(args.data_path or [default_corpus_dir()], args.split, args.tokenizer,
+                             max_length=args.seq_length, max_files=args.max_files, unit=args.document_unit)
         sampler = LengthAwareSampler(
-            corpus, max_length=args.seq_length,
+            splits.train, max_length=args.seq_length,
             global_batch_size=None if args.global_batch_tokens else args.global_batch_size,
             global_batch_tokens=args.global_batch_tokens, seed=args.seed, long_sequences=args.long_sequences)
         runtime = Runtime(
@@ -230,6 +250,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(str(e))
 
     log = get_logger("train")
+    if rank == 0:
+        print(f"data: {splits.describe()} ({args.long_sequences})", flush=True)
     start_step = 0
     source = args.load or (args.save if args.resume else None)
     if source:
@@ -275,8 +297,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
         last = it + 1 == args.train_iters
+        if args.eval_interval and ((it + 1) % args.eval_interval == 0 or last):
+            record = validation_record(runtime, splits, args, result.step)
+            if rank == 0 and record is not None:
+                msg = (f" validation loss at iteration {record['iteration']} | lm loss value: "
+                       f"{record['valid_lm_loss']:.6E} | lm loss PPL: {record['valid_ppl']:.6E} |")
+                (bar.write if bar is not None else print)(msg)
+                if metrics is not None:
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
         if args.save and (last or (args.save_interval and (it + 1) % args.save_interval == 0)):
-            path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict())
+            path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict(),
+                                           extra={"model": dataclasses.asdict(config)})
             if rank == 0:
                 (bar.write if bar is not None else print)(f"saved {path}")
     if bar is not None:
@@ -286,6 +318,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     summary = _summary(results, runtime, world)
     if rank == 0:
+        print(f"data: {sampler.cut_documents} of {sampler.documents_drawn} documents drawn were longer than "
+              f"--seq-length {args.seq_length} ({args.long_sequences})", flush=True)
         print(_format_summary(summary), flush=True)
         if args.summary_json:
             with open(args.summary_json, "w") as f:
@@ -293,6 +327,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     log.debug("rank %d done", rank)
     dist.barrier()
     return 0
+
+
+def validation_record(runtime, splits, args, iteration: int) -> Optional[dict]:
+    """The validation loss over ``--eval-iters`` batches of the validation split (the same
+    batches at every evaluation), and its perplexity; None without a validation split."""
+    if splits.valid is None:
+        return None
+    sampler = LengthAwareSampler(
+        splits.valid, max_length=args.seq_length,
+        global_batch_size=None if args.global_batch_tokens else args.global_batch_size,
+        global_batch_tokens=args.global_batch_tokens, seed=args.seed + 1, long_sequences=args.long_sequences)
+    losses, targets = 0.0, 0
+    for _ in range(args.eval_iters):
+        batch = sampler.next_batch()
+        n = sum(len(s) - 1 for s in batch)
+        if n:
+            losses += runtime.evaluate(batch) * n
+            targets += n
+    loss = losses / targets if targets else float("nan")
+    return {"iteration": iteration, "valid_lm_loss": loss,
+            "valid_ppl": math.exp(min(loss, 700.0)) if math.isfinite(loss) else loss}
 
 
 def iteration_record(result, train_iters: int, consumed: int, batch_size: int, skipped_total: int) -> dict:

@@ -64,14 +64,22 @@ def test_megatron_log_lines_and_metrics_file(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     out = _train(2, "--hot-switch", "--candidate-layouts", "dp2,tp2", "--train-iters", "4", "--lr", "1e-3",
                  "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--min-lr", "1e-4", "--clip-grad", "0.5",
-                 "--metrics-file", str(metrics), "--log-interval", "2")
+                 "--metrics-file", str(metrics), "--log-interval", "2", "--eval-interval", "2", "--eval-iters", "1",
+                 "--split", "80,20,0")
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [l for l in out.stdout.splitlines() if l.startswith(" iteration ")]
     assert len(lines) == 2 and lines[0].startswith(" iteration        2/       4 | consumed samples:           24 |")
     for needle in ("elapsed time per iteration (ms):", "learning rate: 5.000000E-04", "lm loss:", "grad norm:",
                    "number of skipped iterations:   0", "tokens/s:", "layouts:", "switch share:"):
         assert needle in lines[0], (needle, lines[0])
+    valid = [l for l in out.stdout.splitlines() if l.startswith(" validation loss at iteration ")]
+    assert len(valid) == 2 and " lm loss value: " in valid[0] and " lm loss PPL: " in valid[0], out.stdout[-2000:]
     records = [json.loads(l) for l in metrics.read_text().splitlines()]
+    evals = [r for r in records if "valid_lm_loss" in r]
+    assert [r["iteration"] for r in evals] == [2, 4]
+    assert all(0 < r["valid_lm_loss"] < 20 and r["valid_ppl"] == pytest.approx(math.exp(r["valid_lm_loss"]))
+               for r in evals)
+    records = [r for r in records if "lm_loss" in r]
     assert [r["iteration"] for r in records] == [2, 4] and [r["consumed_samples"] for r in records] == [24, 48]
     # Warm-up 0.5e-3 at iteration 1 (0-based), then cosine from 1e-3 to 1e-4 over iterations 2..4.
     assert records[0]["learning_rate"] == pytest.approx(5e-4)

@@ -1,0 +1,92 @@
+"""Converts model weights between hotswitch's layout-independent checkpoints and the Hugging
+Face LLaMA layout (``config.json`` and safetensors):
+
+    /usr/bin/python3 -m hotswitch.convert --load ckpt/step_00000100 --save hf_model/     # out
+    /usr/bin/python3 -m hotswitch.convert --load hf_model/ --save ckpt_from_hf/          # in
+
+The direction follows ``--load``: a directory with ``config.json`` is a Hugging Face model, one
+with ``metadata.json`` (or a ``latest`` file) a hotswitch checkpoint. Going out, the model's
+sizes come from the checkpoint (``python -m hotswitch.train`` saves them); for checkpoints
+without them, give ``--num-attention-heads`` and ``--max-position-embeddings``. Coming in,
+the result is a weights-only checkpoint that ``python -m hotswitch.train --load`` starts from
+(under any layout; the optimizer starts afresh). Values are copied bit for bit unless
+``--dtype`` casts them. See ``hotswitch.huggingface`` for the names and the rotary layout.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import List, Optional
+
+import torch
+
+from hotswitch.checkpoint import read_tensors, write_tensors
+from hotswitch.huggingface import config_from_tensors, load_hf, save_hf
+from hotswitch.model.config import DTYPES, TransformerConfig
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hotswitch.convert", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, help="a hotswitch checkpoint or a Hugging Face model directory")
+    p.add_argument("--save", required=True, help="the Hugging Face directory or checkpoint root to write")
+    p.add_argument("--dtype", default=None, choices=DTYPES, help="cast the weights (default: as stored)")
+    m = p.add_argument_group("model, for checkpoints that do not record it")
+    m.add_argument("--num-attention-heads", type=int, default=None)
+    m.add_argument("--max-position-embeddings", type=int, default=None)
+    m.add_argument("--rotary-base", type=float, default=10000.0, help="rope_theta")
+    m.add_argument("--norm-epsilon", type=float, default=1e-5, help="rms_norm_eps")
+    return p
+
+
+def _config(args, meta: dict, tensors, where: str) -> TransformerConfig:
+    model = (meta.get("extra") or {}).get("model") if isinstance(meta.get("extra"), dict) else None
+    if isinstance(model, dict):
+        try:
+            return TransformerConfig(**model)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}/metadata.json: extra.model is not a model config ({e})") from None
+    if args.num_attention_heads is None or args.max_position_embeddings is None:
+        raise ValueError(f"{where} does not record its model config: give --num-attention-heads and "
+                         "--max-position-embeddings")
+    return config_from_tensors(tensors, args.num_attention_heads, args.max_position_embeddings,
+                               args.rotary_base, args.norm_epsilon, where)
+
+
+def convert(args) -> str:
+    """Runs one conversion; returns a line saying what was written."""
+    src = args.load
+    if os.path.isfile(os.path.join(src, "config.json")):
+        tensors, config = load_hf(src, args.dtype)
+        path = write_tensors(args.save, tensors, step=0,
+                             extra={"model": dataclasses.asdict(config), "converted_from": os.path.abspath(src)})
+        return f"{len(tensors)} tensors of {src} (Hugging Face LLaMA, {config.dtype}) -> checkpoint {path}"
+    if os.path.isfile(os.path.join(src, "metadata.json")) or os.path.isfile(os.path.join(src, "latest")):
+        tensors, meta = read_tensors(src)
+        config = _config(args, meta, tensors, src)
+        if args.dtype is not None:
+            tensors = {k: v.to(getattr(torch, args.dtype)) for k, v in tensors.items()}
+            config = dataclasses.replace(config, dtype=args.dtype)
+        written = save_hf(args.save, tensors, config)
+        return f"{len(tensors)} tensors of checkpoint {src} (step {meta['step']}) -> {', '.join(written)}"
+    raise ValueError(f"--load {src!r} holds neither config.json (a Hugging Face model) nor metadata.json or "
+                     "latest (a hotswitch checkpoint)")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        print(convert(args), flush=True)
+    except ValueError as e:
+        parser.error(str(e))
+    except OSError as e:
+        parser.error(f"{e.filename or args.save}: {e.strerror}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
