@@ -240,7 +240,7 @@ def _layers(rank, world, spec):
                 "mfu": flops / seconds / peak if peak else None,
                 "per_gpu_tokens_per_s": tokens / seconds * LAYERS / MODEL_LAYERS / tp,
                 "attention": "+".join(sorted({c.attention.kernel for c in contexts}))}
-        del layers
+        layers.clear()  # frees the weights before the next shape
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return {"device": device.type, "device_name": torch.cuda.get_device_name(device) if spec["cuda"] else "cpu",
