@@ -11,11 +11,12 @@ peak on linear layers and on causal attention), ``memory_bytes`` (per-rank budge
 """
 
 import json
+from typing import Optional
 
 from hotswitch._C import HardwareProfile
 from hotswitch._checks import read_json_object
 
-__all__ = ["load_hardware", "load_profile", "save_profile"]
+__all__ = ["load_hardware", "load_profile", "preset_for_device", "save_profile"]
 
 
 def save_profile(profile: HardwareProfile, path: str) -> None:
@@ -42,6 +43,16 @@ def load_hardware(spec: str) -> HardwareProfile:
     if spec.endswith(".json"):
         return load_profile(spec)
     return HardwareProfile.preset(spec)
+
+
+def preset_for_device(device_name: str) -> Optional[str]:
+    """The preset whose name is part of a CUDA device's name (``NVIDIA H100 80GB HBM3`` ->
+    ``h100``), or None."""
+    lowered = device_name.lower()
+    for name in HardwareProfile.preset_names():
+        if name in lowered:
+            return name
+    return None
 
 
 HardwareProfile.save = save_profile

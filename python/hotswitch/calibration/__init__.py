@@ -2,11 +2,16 @@
 
 - ``offline``: ``calibrate(config, world)`` times the model and the layouts' collectives on
   real processes and fits a ``HardwareProfile`` (command line: ``python -m hotswitch.calibration``).
+- ``overhead``: ``measure_micro_batch(config, token_counts)`` times this runtime's
+  micro-batches per layer and fits their fixed cost, ``layer_overhead_seconds``
+  (``with_layer_overhead`` puts it into a profile; command line: ``python -m
+  benchmarks.microbatch --write-profile``).
 - ``online``: ``OnlineCalibration`` refits the profile from the phase and switch times that
   ``Runtime`` measures while it trains.
 """
 
 from hotswitch.calibration.offline import calibrate
 from hotswitch.calibration.online import OnlineCalibration
+from hotswitch.calibration.overhead import MicroBatchCosts, measure_micro_batch, with_layer_overhead
 
-__all__ = ["OnlineCalibration", "calibrate"]
+__all__ = ["MicroBatchCosts", "OnlineCalibration", "calibrate", "measure_micro_batch", "with_layer_overhead"]

@@ -1,43 +1,201 @@
-"""Causal attention over packed variable-length sequences, without a mask over the pack.
+"""Causal attention over packed variable-length sequences: one kernel call per layer.
 
-The sequences of a pack are grouped by length; each group runs as one batch of
-``[sequences, heads, length, head_dim]`` blocks, so the work and memory are those of the
-per-sequence causal blocks, never of a ``[T, T]`` mask. ``F.scaled_dot_product_attention``
-does the blocks where the installed PyTorch has it (2.x); a plain softmax otherwise.
+A pack holds sequences end to end (``cu_seqlens``, flash-attention's convention); each
+sequence attends to itself only, causally. ``select_kernel`` chooses the kernel once per
+process for a device type, compute dtype and head dimension, and logs its choice;
+``PackAttention`` prepares what that kernel needs of one pack (once per micro-batch: every
+layer reuses it) and runs it. The kernels, in the order they are preferred:
+
+``flash_attn``
+    ``flash_attn.flash_attn_varlen_func`` over ``cu_seqlens``: CUDA, fp16/bf16, head
+    dimension a multiple of 8 up to 256. Work and memory of the per-sequence causal blocks;
+    grouped-query attention natively.
+``flex``
+    FlexAttention (``torch.nn.attention.flex_attention``, PyTorch >= 2.5, CUDA), compiled,
+    with a document-causal ``BlockMask``: the blocks outside every sequence are skipped;
+    ``enable_gqa``. The pack is padded to a multiple of the block size (128).
+``sdpa``
+    ``F.scaled_dot_product_attention`` (PyTorch >= 2.0) over the whole pack with a
+    block-diagonal causal boolean mask ``[T, T]``; ``enable_gqa`` on PyTorch >= 2.5,
+    repeated K/V before.
+``masked``
+    The same as one batched matrix product and a masked softmax, on any PyTorch: the
+    query heads that share a K/V head are folded into rows (``[hkv, rep * T, d]`` against
+    ``[hkv, T, d]``), so K/V are never repeated.
+``grouped``
+    The sequences grouped by length, one ``[B, h, n, d]`` causal call per distinct length:
+    the work and memory of the per-sequence blocks, but about one call per sequence on
+    long-tailed packs.
+
+The two mask kernels (``sdpa``, ``masked``) cost O(T^2) work and memory for a pack of ``T``
+tokens whatever its sequences: ``heads * T^2`` scores (``masked`` keeps them for backward)
+and a ``T^2`` mask, against the ``sum(n_i^2)`` of the per-sequence blocks. They take a pack
+only while ``heads * T^2 <= MASKED_MAX_SCORES[device type]`` and run larger packs
+``grouped``, where the calls are few relative to the work:
+
+- CUDA: 2^24 scores (64 MiB in fp32; 32 heads up to 724 tokens), where a call (about ten
+  kernel launches forward and backward) costs more than the extra scores;
+- CPU: 2^15 scores (8 heads up to 64 tokens, 4 heads up to 90). On one thread with a
+  generic BLAS, 8 heads of 16 dims, forward and backward, ``masked`` took 0.6-0.8 ms
+  against 1.0-10 ms grouped at 32 tokens, but 1.3-3x grouped's time from 64 to 190 tokens
+  and up to 7x at 380: a score costs about 0.2 us there, a call about 0.3 ms.
 """
 
+import functools
 import math
-from typing import List
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LengthGroups", "varlen_attention"]
+from hotswitch.logging import get_logger
+
+__all__ = ["KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES", "LengthGroups", "PackAttention",
+           "available_kernels", "select_kernel", "varlen_attention"]
+
+_log = get_logger("model")
+
+KERNELS = ("flash_attn", "flex", "sdpa", "masked", "grouped")
+# The module-level function each kernel calls, once per layer (``grouped``: once per
+# distinct length), looked up at call time: wrapping it counts the kernel's calls.
+KERNEL_FUNCTIONS = {"flash_attn": "_flash_kernel", "flex": "_flex_kernel", "sdpa": "_sdpa_kernel",
+                    "masked": "_masked_kernel", "grouped": "_causal_blocks"}
+# Largest ``heads * T^2`` a mask kernel takes in one call, by device type (see above).
+MASKED_MAX_SCORES = {"cpu": 1 << 15, "cuda": 1 << 24}
+FLEX_BLOCK = 128
+
+
+def _torch_version() -> Tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
 
 _HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+_SDPA_GQA = _torch_version() >= (2, 5)
 
 
-class LengthGroups:
-    """The sequences of a pack grouped by length, as token indices.
+@functools.lru_cache(maxsize=None)
+def _import_flash():
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except Exception:  # ImportError, or a wheel whose CUDA library does not load here
+        return None
+    return flash_attn_varlen_func
 
-    ``groups``: for each distinct length ``n``, an int64 ``[B, n]`` tensor of the token
-    positions of its ``B`` sequences. ``inverse``: int64 ``[T]`` that puts the tokens of
-    the concatenated groups back in pack order.
-    """
 
-    def __init__(self, lengths: List[int], device: torch.device):
-        starts, by_length = 0, {}
-        for n in lengths:
-            by_length.setdefault(n, []).append(starts)
-            starts += n
-        self.num_tokens = starts
-        self.groups: List[torch.Tensor] = []
-        for n, first in sorted(by_length.items()):
-            first = torch.tensor(first, dtype=torch.int64, device=device)
-            self.groups.append(first[:, None] + torch.arange(n, dtype=torch.int64, device=device))
-        order = torch.cat([g.reshape(-1) for g in self.groups])
-        self.inverse = torch.empty_like(order)
-        self.inverse[order] = torch.arange(order.numel(), dtype=torch.int64, device=device)
+@functools.lru_cache(maxsize=None)
+def _import_flex():
+    if _torch_version() < (2, 5):  # 2.4's prototype has no enable_gqa
+        return None
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    return create_block_mask, flex_attention
+
+
+def available_kernels(device: torch.device, dtype: torch.dtype, head_dim: int) -> List[str]:
+    """The kernels that run here for ``device`` (its type), compute ``dtype`` and
+    ``head_dim``, most preferred first (always ends with ``masked``, ``grouped``)."""
+    out = []
+    if device.type == "cuda":
+        if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256 and \
+                _import_flash() is not None:
+            out.append("flash_attn")
+        # FlexAttention's Triton kernels take head dims that are powers of two from 16.
+        if head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _import_flex() is not None:
+            out.append("flex")
+    if _HAS_SDPA:
+        out.append("sdpa")
+    return out + ["masked", "grouped"]
+
+
+_chosen: Dict[tuple, str] = {}
+
+
+def _max_scores(device: torch.device) -> int:
+    return MASKED_MAX_SCORES.get(device.type, MASKED_MAX_SCORES["cpu"])
+
+
+def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int, prefer: Optional[str] = None) -> str:
+    """The attention kernel for ``device``/``dtype``/``head_dim``: ``prefer`` when given
+    (``ValueError`` when it is not one of ``available_kernels``), else the first available.
+    Chosen once per process and combination; the first choice is logged (``model``, info)."""
+    device = torch.device(device)
+    kernels = available_kernels(device, dtype, head_dim)
+    if prefer is not None:
+        if prefer not in kernels:
+            raise ValueError(f"attention kernel {prefer!r} does not run on {device.type} with {dtype} and head "
+                             f"dim {head_dim}; available: {', '.join(kernels)}")
+        return prefer
+    key = (device.type, dtype, head_dim)
+    if key not in _chosen:
+        _chosen[key] = kernels[0]
+        bound = ""
+        if kernels[0] in ("sdpa", "masked"):
+            bound = (f" (one call per layer while heads * tokens^2 <= {_max_scores(device)}, grouped by length "
+                     f"beyond)")
+        _log.info("attention kernel on %s %s, head dim %d: %s%s; available: %s", device.type,
+                  str(dtype).replace("torch.", ""), head_dim, kernels[0], bound, ", ".join(kernels))
+    return _chosen[key]
+
+
+# ----------------------------------------------------------------------------- kernels
+# Each takes q [T, hq, d], k/v [T, hkv, d] (hq a multiple of hkv) and returns [T, hq, d].
+
+
+def _flash_kernel(q, k, v, cu_seqlens, max_length):
+    return _import_flash()(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, causal=True)
+
+
+_compiled: Dict[str, object] = {}
+
+
+def _compiled_flex():
+    if "flex" not in _compiled:
+        create_block_mask, flex_attention = _import_flex()
+        _compiled["flex"] = torch.compile(flex_attention)
+        _compiled["mask"] = torch.compile(create_block_mask)
+    return _compiled["mask"], _compiled["flex"]
+
+
+def _flex_kernel(q, k, v, block_mask, padded):
+    t = q.shape[0]
+    pad = padded - t
+
+    def heads_first(x):
+        return F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)  # [1, h, Tpad, d]
+
+    out = _compiled_flex()[1](heads_first(q), heads_first(k), heads_first(v), block_mask=block_mask,
+                              enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)[:t]
+
+
+def _sdpa_kernel(q, k, v, allowed):
+    repeat = q.shape[1] // k.shape[1]
+    extra = {}
+    if repeat > 1:
+        if _SDPA_GQA:
+            extra["enable_gqa"] = True
+        else:
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, h, T, d]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, **extra)
+    return out[0].transpose(0, 1)
+
+
+def _masked_kernel(q, k, v, blocked):
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    repeat = hq // hkv
+    # Query head i reads K/V head i // repeat: fold each group's query heads into rows.
+    qg = q.reshape(t, hkv, repeat, d).permute(1, 2, 0, 3).reshape(hkv, repeat * t, d)
+    kg, vg = k.permute(1, 0, 2), v.permute(1, 0, 2)  # [hkv, T, d]
+    scores = torch.bmm(qg, kg.transpose(1, 2)) * (1.0 / math.sqrt(d))  # [hkv, repeat * T, T]
+    scores.view(hkv, repeat, t, t).masked_fill_(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype)
+    out = torch.bmm(probs, vg)  # [hkv, repeat * T, d]
+    return out.view(hkv, repeat, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
 
 
 def _causal_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -51,12 +209,101 @@ def _causal_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return torch.matmul(probs.to(v.dtype), v)
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: LengthGroups) -> torch.Tensor:
-    """Causal attention within each sequence of a pack.
+# ----------------------------------------------------------------------------- packs
 
-    ``q`` ``[T, hq, d]``, ``k``/``v`` ``[T, hkv, d]`` with ``hq`` a multiple of ``hkv``
-    (query head ``i`` reads key/value head ``i // (hq / hkv)``); returns ``[T, hq, d]``.
+
+class LengthGroups:
+    """The sequences of a pack grouped by length, as token indices.
+
+    ``groups``: for each distinct length ``n`` (ascending), an int64 ``[B, n]`` tensor of
+    the token positions of its ``B`` sequences. ``inverse``: int64 ``[T]`` that puts the
+    tokens of the concatenated groups back in pack order. Built from ``lengths`` (int64
+    ``[n]``) without a Python loop over the sequences.
     """
+
+    def __init__(self, lengths: torch.Tensor, device: torch.device):
+        lengths = torch.as_tensor(lengths, dtype=torch.int64).cpu()
+        starts = torch.cumsum(lengths, 0) - lengths
+        self.num_tokens = int(lengths.sum())
+        by_length, order = torch.sort(lengths, stable=True)
+        distinct, counts = torch.unique_consecutive(by_length, return_counts=True)
+        firsts = starts[order].split(counts.tolist())
+        self.groups: List[torch.Tensor] = [
+            (first[:, None] + torch.arange(n, dtype=torch.int64)).to(device)
+            for n, first in zip(distinct.tolist(), firsts)]
+        flat = torch.cat([g.reshape(-1) for g in self.groups])
+        self.inverse = torch.empty_like(flat)
+        self.inverse[flat] = torch.arange(flat.numel(), dtype=torch.int64, device=flat.device)
+
+
+class PackAttention:
+    """Causal attention within each sequence of one pack, for ``kernel``.
+
+    ``cu_seqlens``: int64 ``[n + 1]`` (``0 < ... < T``, the pack's sequence bounds);
+    ``heads``: query heads per call (this rank's); ``device``: where q, k, v will live.
+    ``kernel`` is the kernel chosen by ``select_kernel``; ``self.kernel`` is the one this
+    pack runs (``grouped`` for a pack over the mask kernels' bound). Everything the kernel
+    needs of the pack is built here, once, so every layer's call is one kernel call.
+    """
+
+    def __init__(self, cu_seqlens: torch.Tensor, kernel: str, heads: int, device: torch.device):
+        if kernel not in KERNELS:
+            raise ValueError(f"attention kernel {kernel!r} is not one of {', '.join(KERNELS)}")
+        cu = torch.as_tensor(cu_seqlens, dtype=torch.int64).cpu()
+        lengths = cu[1:] - cu[:-1]
+        t = int(cu[-1])
+        self.num_tokens = t
+        self.num_sequences = int(lengths.numel())
+        if kernel in ("sdpa", "masked") and heads * t * t > _max_scores(torch.device(device)):
+            kernel = "grouped"
+        self.kernel = kernel
+        if kernel == "flash_attn":
+            self.cu_seqlens = cu.to(device=device, dtype=torch.int32)
+            self.max_length = int(lengths.max())
+        elif kernel == "grouped":
+            self.groups = LengthGroups(lengths, device)
+        else:
+            padded = -(-t // FLEX_BLOCK) * FLEX_BLOCK if kernel == "flex" else t
+            # The padding of a flex pack is one more sequence, dropped from the output.
+            ids = torch.repeat_interleave(torch.arange(self.num_sequences + 1, dtype=torch.int64),
+                                          torch.cat([lengths, torch.tensor([padded - t])])).to(device)
+            if kernel == "flex":
+                create_block_mask = _compiled_flex()[0]
+
+                def document_causal(b, h, q_idx, kv_idx):
+                    return (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
+
+                self.padded = padded
+                self.block_mask = create_block_mask(document_causal, None, None, padded, padded,
+                                                    device=str(device))
+            else:
+                index = torch.arange(t, device=device)
+                allowed = (ids[:, None] == ids[None, :]) & (index[:, None] >= index[None, :])
+                if kernel == "sdpa":
+                    self.allowed = allowed
+                else:
+                    self.blocked = ~allowed
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q`` ``[T, hq, d]``, ``k``/``v`` ``[T, hkv, d]`` with ``hq`` a multiple of ``hkv``
+        (query head ``i`` reads key/value head ``i // (hq / hkv)``); returns ``[T, hq, d]``."""
+        if q.shape[0] != self.num_tokens or k.shape != v.shape or k.shape[0] != self.num_tokens or \
+                q.shape[1] % k.shape[1] or q.shape[2] != k.shape[2]:
+            raise ValueError(f"attention of a pack of {self.num_tokens} tokens expects q [T, hq, d] and k, v "
+                             f"[T, hkv, d] with hkv dividing hq, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                             f"{tuple(v.shape)}")
+        if self.kernel == "flash_attn":
+            return _flash_kernel(q, k, v, self.cu_seqlens, self.max_length)
+        if self.kernel == "flex":
+            return _flex_kernel(q, k, v, self.block_mask, self.padded)
+        if self.kernel == "sdpa":
+            return _sdpa_kernel(q, k, v, self.allowed)
+        if self.kernel == "masked":
+            return _masked_kernel(q, k, v, self.blocked)
+        return _grouped(q, k, v, self.groups)
+
+
+def _grouped(q, k, v, groups: LengthGroups):
     repeat = q.shape[1] // k.shape[1]
     outs = []
     for index in groups.groups:
@@ -67,3 +314,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: 
         ob = _causal_blocks(qb, kb, vb)
         outs.append(ob.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2]))
     return torch.cat(outs).index_select(0, groups.inverse)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: PackAttention) -> torch.Tensor:
+    """Causal attention within each sequence of ``pack``: ``pack(q, k, v)`` (shapes there)."""
+    return pack(q, k, v)

@@ -47,22 +47,21 @@ class MicroBatch:
                                  f"{tuple(getattr(x, 'shape', ()))}")
         if cu.numel() < 2:
             raise ValueError(f"micro-batch has no sequence: cu_seqlens {cu.tolist()}")
-        cu_list = cu.tolist()
-        lengths = [b - a for a, b in zip(cu_list, cu_list[1:])]
-        if cu_list[0] != 0 or cu_list[-1] != t.numel() or min(lengths) < 1:
+        lengths = cu[1:] - cu[:-1]
+        if int(cu[0]) != 0 or int(cu[-1]) != t.numel() or int(lengths.min()) < 1:
             raise ValueError(f"micro-batch cu_seqlens must rise strictly from 0 to the token count "
-                             f"{t.numel()}, got {cu_list}")
+                             f"{t.numel()}, got {cu.tolist()}")
         if vocab_size and t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
             raise ValueError(f"micro-batch token ids span [{int(t.min())}, {int(t.max())}], "
                              f"outside [0, vocab_size({vocab_size}))")
-        if max_positions and max(lengths) > max_positions:
-            raise ValueError(f"micro-batch sequence of length {max(lengths)} exceeds "
+        longest = int(lengths.max())
+        if max_positions and longest > max_positions:
+            raise ValueError(f"micro-batch sequence of length {longest} exceeds "
                              f"max_position_embeddings({max_positions})")
 
     @property
     def lengths(self) -> List[int]:
-        cu = self.cu_seqlens.tolist()
-        return [b - a for a, b in zip(cu, cu[1:])]
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
 
     @property
     def num_tokens(self) -> int:

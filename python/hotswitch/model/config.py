@@ -1,13 +1,15 @@
 """The configuration of a LLaMA-style decoder and its checks against a layout."""
 
 import dataclasses
+from typing import Optional
 
 from hotswitch import _C
 from hotswitch.specs import llama_tensor_set
 
-__all__ = ["TransformerConfig", "DTYPES"]
+__all__ = ["TransformerConfig", "DTYPES", "COMPUTE_DTYPES"]
 
 DTYPES = ("float32", "bfloat16", "float16")
+COMPUTE_DTYPES = ("bfloat16",)
 
 
 def _positive_int(name: str, value) -> None:
@@ -26,6 +28,11 @@ class TransformerConfig:
     parameter and activation dtype. ``init_std`` is the standard deviation of the initial
     linear and embedding weights (output projections of each block are scaled down by
     ``sqrt(2 * num_layers)``, as in Megatron); norm weights start at one.
+
+    ``compute_dtype``: ``None`` computes in ``dtype``; ``"bfloat16"`` (with ``dtype``
+    float32) runs the matrix products and attention in bf16 under ``torch.autocast``, while
+    the parameters (the fp32 master weights), their gradients, the residual stream, the
+    norms and the loss stay in fp32.
     """
 
     num_layers: int
@@ -40,6 +47,7 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     dtype: str = "float32"
     init_std: float = 0.02
+    compute_dtype: Optional[str] = None
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
@@ -60,6 +68,9 @@ class TransformerConfig:
             raise ValueError(f"tied_embedding must be a bool, got {self.tied_embedding!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.compute_dtype is not None and (self.compute_dtype not in COMPUTE_DTYPES or self.dtype != "float32"):
+            raise ValueError(f"compute_dtype {self.compute_dtype!r} with dtype {self.dtype!r}: expected None, or "
+                             f"{' or '.join(map(repr, COMPUTE_DTYPES))} over float32 parameters")
         for name in ("rope_theta", "norm_eps", "init_std"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -45,10 +45,11 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: t
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotates ``x`` ``[T, heads, head_dim]`` by the tables of ``rotary_tables`` (the
-    half-split pairing of LLaMA: element ``j`` pairs with ``j + head_dim / 2``)."""
+    half-split pairing of LLaMA: element ``j`` pairs with ``j + head_dim / 2``), in the
+    dtype of ``x`` (bf16 under autocast, whatever the tables' dtype)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
+    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from hotswitch import _C
 from hotswitch.logging import get_logger
-from hotswitch.model.attention import LengthGroups, varlen_attention
+from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.batch import MicroBatch
 from hotswitch.model.comm import (all_gather_rows, all_reduce, exchange, gather_from_sequence,
                                   reduce_scatter_rows, scatter_to_sequence)
@@ -29,25 +29,29 @@ _log = get_logger("model")
 class PackContext:
     """What every layer needs of one micro-batch under a layout: the pack padded to a
     multiple of ``tp`` (padding tokens form one extra sequence with no targets, so they
-    attend only to each other), rotary tables of the per-sequence positions, the length
-    groups of the attention, and the targets.
+    attend only to each other), rotary tables of the per-sequence positions, the pack's
+    attention (``PackAttention`` for ``kernel``: masks or indices built once, one kernel call
+    per layer), and the targets. Built with tensor operations only, whatever the number of
+    sequences.
 
     ``tokens``/``targets`` int64 ``[Tp]``, ``weights`` ``[Tp]`` (1 where a token has a
     target, else 0), ``rows = Tp / tp`` (the sequence-parallel slice each TP rank holds).
     """
 
-    def __init__(self, mb: MicroBatch, config: TransformerConfig, tp: int, device: torch.device):
+    def __init__(self, mb: MicroBatch, config: TransformerConfig, tp: int, device: torch.device,
+                 kernel: str = "grouped"):
         n = mb.num_tokens
         padded = -(-n // tp) * tp
-        lengths = mb.lengths + ([padded - n] if padded > n else [])
+        cu = mb.cu_seqlens
+        if padded > n:
+            cu = torch.cat([cu, torch.tensor([padded], dtype=torch.int64)])
+        lengths = cu[1:] - cu[:-1]
         self.num_tokens = padded
         self.rows = padded // tp
         self.num_targets = mb.num_targets
         tokens = torch.zeros(padded, dtype=torch.int64)
         tokens[:n] = mb.tokens
-        starts = torch.tensor([0] + lengths[:-1], dtype=torch.int64).cumsum(0)
-        length_t = torch.tensor(lengths, dtype=torch.int64)
-        positions = torch.arange(padded, dtype=torch.int64) - torch.repeat_interleave(starts, length_t)
+        positions = torch.arange(padded, dtype=torch.int64) - torch.repeat_interleave(cu[:-1], lengths)
         targets = torch.zeros(padded, dtype=torch.int64)
         targets[:n - 1] = mb.tokens[1:]
         weights = torch.zeros(padded, dtype=torch.float32)
@@ -58,20 +62,27 @@ class PackContext:
         self.weights = weights.to(device)
         self.cos, self.sin = rotary_tables(positions.to(device), config.head_dim, config.rope_theta,
                                            getattr(torch, config.dtype))
-        self.attention = LengthGroups(lengths, device)
+        self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
 
 
 class _Region:
-    """The tensor-parallel group of a stage, for the layers' collectives."""
+    """The tensor-parallel group of a stage, for the layers' collectives. Gloo gathers and
+    reduces no bf16: there 16-bit activations travel as fp32 (NCCL moves them as they are)."""
 
     def __init__(self, groups: ParallelGroups):
         self.group, self.size, self.index = groups.tp_group, groups.tp, groups.tp_rank
+        self.widen = groups.backend == "gloo"
+
+    def _run(self, fn, x):
+        if self.widen and self.group is not None and x.dtype in (torch.bfloat16, torch.float16):
+            return fn(x.float(), self.group, self.size, self.index).to(x.dtype)
+        return fn(x, self.group, self.size, self.index)
 
     def gather(self, x):
-        return gather_from_sequence(x, self.group, self.size, self.index)
+        return self._run(gather_from_sequence, x)
 
     def scatter(self, x):
-        return scatter_to_sequence(x, self.group, self.size, self.index)
+        return self._run(scatter_to_sequence, x)
 
 
 class TransformerLayer(nn.Module):
@@ -91,16 +102,18 @@ class TransformerLayer(nn.Module):
         self.head_dim = config.head_dim
         self.heads = config.num_attention_heads // tp
         self.kv_heads = config.num_query_groups // tp
+        self.compute_dtype = getattr(torch, config.compute_dtype or config.dtype)
 
     def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
         d, hq, hkv = self.head_dim, self.heads, self.kv_heads
-        h = region.gather(rms_norm(x, self.input_norm.weight, self.eps))
+        # The norms' outputs enter the matrix products (and the TP all-gather) in the compute dtype.
+        h = region.gather(rms_norm(x, self.input_norm.weight, self.eps).to(self.compute_dtype))
         q, k, v = F.linear(h, self.qkv.weight).split([hq * d, hkv * d, hkv * d], dim=-1)
         q = apply_rotary(q.reshape(-1, hq, d), ctx.cos, ctx.sin)
         k = apply_rotary(k.reshape(-1, hkv, d), ctx.cos, ctx.sin)
-        o = varlen_attention(q, k, v.reshape(-1, hkv, d), ctx.attention).reshape(-1, hq * d)
+        o = ctx.attention(q, k, v.reshape(-1, hkv, d)).reshape(-1, hq * d)
         x = x + region.scatter(F.linear(o, self.proj.weight))
-        h = region.gather(rms_norm(x, self.post_norm.weight, self.eps))
+        h = region.gather(rms_norm(x, self.post_norm.weight, self.eps).to(self.compute_dtype))
         gate, up = F.linear(h, self.gate_up.weight).chunk(2, dim=-1)
         return x + region.scatter(F.linear(F.silu(gate) * up, self.down.weight))
 
@@ -120,12 +133,21 @@ class ParallelTransformer(nn.Module):
     Under tp > 1 the norm regions run sequence-parallel: each TP rank holds
     ``Tp / tp`` rows of the residual stream of a pack padded to ``Tp`` tokens.
 
+    With ``config.compute_dtype`` (bfloat16 over float32 parameters) the stage's forward
+    runs under ``torch.autocast`` on the model's device: matrix products and attention in
+    bf16; parameters, their gradients, the residual stream, the norms and the loss in fp32.
+
+    ``attention``: the attention kernel (``hotswitch.model.attention.KERNELS``); default the
+    best that runs on this device and compute dtype (``select_kernel``, logged once).
+
     Raises ``ValueError`` (before any collective) when the config does not fit the layout,
-    ``groups`` belong to another layout, or ``shards`` do not match the placement.
+    ``groups`` belong to another layout, ``shards`` do not match the placement, or the
+    attention kernel does not run here.
     """
 
     def __init__(self, config: TransformerConfig, layout: "_C.Layout", groups: ParallelGroups,
-                 seed: int = 0, shards: Optional[Dict[str, torch.Tensor]] = None):
+                 seed: int = 0, shards: Optional[Dict[str, torch.Tensor]] = None,
+                 attention: Optional[str] = None):
         super().__init__()
         if not isinstance(config, TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
@@ -140,6 +162,8 @@ class ParallelTransformer(nn.Module):
         self.tensor_set = config.tensor_set()
         self.device = groups.device
         self.dtype = getattr(torch, config.dtype)
+        self.compute_dtype = getattr(torch, config.compute_dtype or config.dtype)
+        self.attention_kernel = select_kernel(self.device, self.compute_dtype, config.head_dim, attention)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
         self._expected = {self.tensor_set.specs[t].name: tuple(shape)
                           for t, shape, _ in placement.buffers(groups.rank)}
@@ -224,6 +248,12 @@ class ParallelTransformer(nn.Module):
     def _stage_forward(self, ctx: PackContext, x: Optional[torch.Tensor]) -> torch.Tensor:
         """The stage's activation ``[Tp / tp, hidden]``, or on the last stage the summed loss
         of the pack's target tokens (a float32 scalar)."""
+        if self.compute_dtype != self.dtype:
+            with torch.autocast(self.device.type, dtype=self.compute_dtype):
+                return self._stage_forward_in_dtype(ctx, x)
+        return self._stage_forward_in_dtype(ctx, x)
+
+    def _stage_forward_in_dtype(self, ctx: PackContext, x: Optional[torch.Tensor]) -> torch.Tensor:
         g, cfg = self.groups, self.config
         if g.is_first_stage:
             x = self._region.scatter(vocab_parallel_embedding(ctx.tokens, self.embedding.weight, self.vocab_start))
@@ -277,7 +307,8 @@ class ParallelTransformer(nn.Module):
                     self._finished[name] = self._finished[name] + p.grad if name in self._finished else p.grad
                     p.grad = None
         self._pending = True
-        contexts = [PackContext(mb, self.config, self.layout.tp, self.device) for mb in micro_batches]
+        contexts = [PackContext(mb, self.config, self.layout.tp, self.device, self.attention_kernel)
+                    for mb in micro_batches]
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
 
         def forward(i: int, x: Optional[torch.Tensor]) -> torch.Tensor:

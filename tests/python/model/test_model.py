@@ -16,7 +16,7 @@ import hotswitch as hs
 from hotswitch.testing.reference import train_static
 from hotswitch.model.init import init_full
 from hotswitch.testing.harness import run_world
-from hotswitch.model.attention import LengthGroups, varlen_attention
+from hotswitch.model.attention import PackAttention, varlen_attention
 from hotswitch.model.init import uniform_at
 
 from tests.python.model import workers as w
@@ -200,8 +200,10 @@ def test_varlen_attention_matches_per_sequence_reference():
     lengths = [1, 7, 3, 7, 31, 2, 1]
     q = torch.randn(sum(lengths), 4, 8)
     k, v = torch.randn(sum(lengths), 2, 8), torch.randn(sum(lengths), 2, 8)
-    got = varlen_attention(q, k, v, LengthGroups(lengths, torch.device("cpu")))
-    assert float((got.double() - _dense_reference(q, k, v, lengths)).abs().max()) < 1e-5
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    for kernel in ("masked", "grouped"):
+        got = varlen_attention(q, k, v, PackAttention(cu, kernel, 4, torch.device("cpu")))
+        assert float((got.double() - _dense_reference(q, k, v, lengths)).abs().max()) < 1e-5, kernel
 
 
 @pytest.mark.parametrize("tokens,cu,needle", [

@@ -1,0 +1,352 @@
+"""The model at device speed: tokens/s and MFU of LLaMA-7B-shaped layers on packed
+micro-batches, against Megatron-LM's measured per-GPU throughput, and the switch of the
+LLaMA-7B tensor set against the device's copy bandwidth. Needs a CUDA device; ``--quick``
+runs tiny shapes on the CPU instead (device "cpu": CPU figures, never GPU ones).
+
+Layers. ``LAYERS`` decoder layers of LLaMA-7B's shape (hidden 4096, 32 heads, 32 K/V heads,
+FFN 11008) as one rank of a tensor-parallel group holds them: tp1, and the shard shapes of
+tp2, tp4 and tp8 (heads / tp and FFN / tp; the hidden size stays) on one device, without the
+TP collectives. fp32 weights (the runtime's master weights), bf16 compute under autocast,
+the attention kernel ``hotswitch.model.attention.select_kernel`` chooses (one call per layer),
+forward and backward of the layer stack (``TransformerLayer``, the runtime's own layer).
+Micro-batches: documents drawn at random from ``wikipedia.lengths`` (``--data-dir``), each cut
+to the micro-batch size (as Megatron cuts to ``seq_length``), packed in draw order until the
+next does not fit; 4096 and 16384 tokens a micro-batch, ``MICRO_BATCHES`` timed after a
+warm-up pass over each of them. Random token ids: the time does not depend on them.
+
+- ``tokens_per_s``: tokens through the stack of ``LAYERS`` shard layers per second.
+- ``mfu``: model FLOPs of those layers (per token 6 x the shard's matrix parameters, plus
+  12 x d x heads per causal query-key pair, forward and backward) per second over the
+  device's peak (the bf16 dense peak of the ``HardwareProfile`` preset named in the device's
+  name; on the CPU the rate of a 512 x 512 fp32 matrix product on one thread).
+- ``per_gpu_tokens_per_s``: what that rate means for a whole LLaMA-7B on tp GPUs:
+  ``tokens_per_s * LAYERS / 32 / tp`` (each GPU runs 32 shard layers per token; TP
+  collectives, the embedding, the head, the optimizer and pipeline bubbles are not counted,
+  so it bounds the end-to-end figure from above).
+- ``vs_megatron``: ``per_gpu_tokens_per_s`` over Megatron-LM's per-GPU throughput from
+  ``megatron_runs/runs.csv``: the packed LLaMA-7B runs (8 H100, bf16, flash attention) with
+  the same tp whose ``seq_length`` equals the micro-batch size (documents cut alike); the best
+  of them. Per run, tokens/s/GPU = ``global_batch_size * mean length / (iter_ms_median / 1000)
+  / world``; the mean length comes from ``real_seq_len_hist`` (bucket ``K`` holds lengths in
+  ``(K/2, K]``, taken at its midpoint, ``128`` at 64.5, capped at ``seq_length``); a run with
+  an empty histogram takes the pooled histogram of the packed runs of its ``seq_length``. The
+  Megatron runs hold ``micro_batch_size`` sequences per micro-batch (reported beside), not our
+  token budget. None where no such run exists (tp1 at 16K, tp8 at 4K) and in ``--quick``.
+- ``switch_over_copy_bound``: on one device (world 1: only dp1 exists) a switch of the
+  LLaMA-7B tensor set (bf16, 32 layers) between the ``"sharded"`` placement (one tensor per
+  parameter) and the ``"zero"`` placement (one flat buffer) and back: the executor's packing
+  and unpacking, which is all a switch does locally. Its seconds over those of one plain
+  device copy of the same bytes; the larger of the two directions.
+
+    /usr/bin/python3 -m benchmarks.gpu [--quick] [--data-dir DIR]
+"""
+
+import argparse
+import contextlib
+import csv
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+
+import hotswitch as hs
+from hotswitch.data import load_lengths
+from hotswitch.distributed import spawn
+from hotswitch.hardware import preset_for_device
+from hotswitch.model.attention import PackAttention, select_kernel
+from hotswitch.model.init import init_shards
+from hotswitch.model.transformer import PackContext, TransformerLayer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_DATA_DIR = os.path.join(ROOT, "..", "shared", "data")
+LLAMA_7B = dict(hidden_size=4096, num_attention_heads=32, num_query_groups=32, ffn_hidden_size=11008,
+                vocab_size=32000)
+MODEL_LAYERS = 32
+LAYERS = 2
+TPS = (1, 2, 4, 8)
+BUDGETS = (4096, 16384)
+MICRO_BATCHES = 4
+WARMUP = 1
+SWITCH_REPEATS = 3
+QUICK = dict(model=dict(hidden_size=256, num_attention_heads=8, num_query_groups=8, ffn_hidden_size=688,
+                        vocab_size=512), budgets=(128, 512), micro_batches=2, warmup=1, switch_layers=2)
+
+
+# ----------------------------------------------------------------------------- Megatron-LM
+
+
+def _hist_mean(hist: dict, seq_length: int) -> float:
+    total = weighted = 0.0
+    for key, count in hist.items():
+        top = seq_length if key == ">32k" else int(key)
+        low = 1 if top == 128 else top // 2 + 1
+        weighted += count * min((low + top) / 2.0, seq_length)
+        total += count
+    return weighted / total
+
+
+def megatron_rows(path: str):
+    """Packed LLaMA-7B runs of ``runs.csv`` with their derived per-GPU throughput (see the
+    module docstring): dicts with ``run``, ``tp``, ``seq_length``, ``micro_batch_size``,
+    ``mean_length``, ``micro_batch_tokens``, ``tokens_per_s_per_gpu``, ``histogram``
+    (``"own"`` or ``"pooled"``)."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["family"] == "llama" and r["packing"] == "True" and
+                int(r["hidden_size"]) == LLAMA_7B["hidden_size"] and int(r["num_layers"]) == MODEL_LAYERS]
+    pooled = {}
+    for r in rows:
+        for key, count in json.loads(r["real_seq_len_hist"] or "{}").items():
+            bucket = pooled.setdefault(int(r["seq_length"]), {})
+            bucket[key] = bucket.get(key, 0) + count
+    out = []
+    for r in rows:
+        seq = int(r["seq_length"])
+        hist = json.loads(r["real_seq_len_hist"] or "{}")
+        source = "own" if sum(hist.values()) else "pooled"
+        if source == "pooled":
+            if seq not in pooled:
+                continue
+            hist = pooled[seq]
+        mean = _hist_mean(hist, seq)
+        seconds = float(r["iter_ms_median"]) / 1000.0
+        out.append({"run": r["run"], "tp": int(r["tp"]), "seq_length": seq,
+                    "micro_batch_size": int(r["micro_batch_size"]), "mean_length": mean,
+                    "micro_batch_tokens": int(r["micro_batch_size"]) * mean,
+                    "tokens_per_s_per_gpu": int(r["global_batch_size"]) * mean / seconds / int(r["world"]),
+                    "histogram": source})
+    return out
+
+
+def best_megatron(rows, tp: int, seq_length: int):
+    """The fastest run with this tp and seq_length, or None."""
+    matching = [r for r in rows if r["tp"] == tp and r["seq_length"] == seq_length]
+    return max(matching, key=lambda r: r["tokens_per_s_per_gpu"]) if matching else None
+
+
+# ----------------------------------------------------------------------------- micro-batches
+
+
+def draw_packs(lengths, budget: int, count: int, seed: int):
+    """``count`` packs (lists of sequence lengths) of at most ``budget`` tokens: documents
+    drawn at random, cut to ``budget``, packed in draw order until the next does not fit."""
+    rng = random.Random(seed)
+    packs, pack = [], []
+    while len(packs) < count:
+        n = min(rng.choice(lengths), budget)
+        if sum(pack) + n > budget:
+            packs.append(pack)
+            pack = []
+        pack.append(n)
+    return packs
+
+
+def _layer_flops(cfg: hs.TransformerConfig, tp: int, pack) -> float:
+    """Forward and backward FLOPs of one shard layer on one pack."""
+    d, h = cfg.head_dim, cfg.hidden_size
+    hq, hkv, ffn = cfg.num_attention_heads // tp, cfg.num_query_groups // tp, cfg.ffn_hidden_size // tp
+    matrix = (hq + 2 * hkv) * d * h + hq * d * h + 2 * ffn * h + ffn * h
+    pairs = sum(n * (n + 1) / 2 for n in pack)
+    return 3.0 * (2.0 * matrix * sum(pack) + 4.0 * hq * d * pairs)
+
+
+class _NoCollectives:
+    """One TP rank's layer without its group: the shard's compute only."""
+
+    def gather(self, x):
+        return x
+
+    def scatter(self, x):
+        return x
+
+
+# ----------------------------------------------------------------------------- the rank
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak(device) -> tuple:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        preset = preset_for_device(name)
+        if preset is None:
+            return None, f"{name}: no preset"
+        return hs.HardwareProfile.preset(preset).peak_flops, f"{preset} preset bf16 dense peak"
+    n = 512
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best, "fp32 512x512 matrix product, one thread"
+
+
+def _layers(rank, world, spec):
+    device = torch.device("cuda", torch.cuda.current_device()) if spec["cuda"] else torch.device("cpu")
+    if spec["cuda"]:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    peak, peak_source = _peak(device)
+    rows = {}
+    for tp in spec["tps"]:
+        cfg = hs.TransformerConfig(num_layers=LAYERS, max_position_embeddings=max(spec["budgets"]),
+                                   compute_dtype="bfloat16" if spec["cuda"] else None, **spec["model"])
+        shards = init_shards(cfg, hs.Layout.parse(f"tp{tp}"), 0, 0, device)  # rank 0's shard shapes
+        layers = [TransformerLayer(cfg, tp, shards, f"layers.{i}.") for i in range(LAYERS)]
+        del shards
+        cfg_dtype = getattr(torch, cfg.dtype)
+        compute = getattr(torch, cfg.compute_dtype or cfg.dtype)
+        kernel = select_kernel(device, compute, cfg.head_dim)
+        region = _NoCollectives()
+        for budget, packs in spec["packs"].items():
+            contexts = []
+            for pack in packs:
+                mb = hs.MicroBatch.from_sequences([torch.randint(0, cfg.vocab_size, (n,)) for n in pack])
+                ctx = PackContext(mb, cfg, 1, device, kernel)
+                ctx.attention = PackAttention(mb.cu_seqlens, kernel, cfg.num_attention_heads // tp, device)
+                contexts.append(ctx)
+            grads = [torch.randn(ctx.num_tokens, cfg.hidden_size, device=device) for ctx in contexts]
+
+            def step(i):
+                x = torch.randn(contexts[i].num_tokens, cfg.hidden_size, device=device, requires_grad=True)
+                with torch.autocast(device.type, dtype=compute) if compute != cfg_dtype else contextlib.nullcontext():
+                    y = x
+                    for layer in layers:
+                        y = layer(y, contexts[i], region)
+                y.backward(grads[i])
+
+            # Every micro-batch once untimed: a compiled kernel (FlexAttention) compiles for
+            # its shapes here, not in the timed loop.
+            for _ in range(spec["warmup"]):
+                for i in range(len(contexts)):
+                    step(i)
+            _sync(device)
+            t0 = time.perf_counter()
+            for i in range(len(contexts)):
+                step(i)
+            _sync(device)
+            seconds = time.perf_counter() - t0
+            tokens = sum(sum(p) for p in packs)
+            flops = LAYERS * sum(_layer_flops(cfg, tp, p) for p in packs)
+            rows[f"tp{tp}/{budget}"] = {
+                "tp": tp, "budget": budget, "tokens": tokens, "sequences": sum(len(p) for p in packs),
+                "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "mfu": flops / seconds / peak if peak else None,
+                "per_gpu_tokens_per_s": tokens / seconds * LAYERS / MODEL_LAYERS / tp,
+                "attention": "+".join(sorted({c.attention.kernel for c in contexts}))}
+        layers.clear()  # frees the weights before the next shape
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"device": device.type, "device_name": torch.cuda.get_device_name(device) if spec["cuda"] else "cpu",
+            "peak_flops": peak, "peak_source": peak_source, "rows": rows}
+
+
+def _switch(rank, world, spec):
+    device = torch.device("cuda", torch.cuda.current_device()) if spec["cuda"] else torch.device("cpu")
+    ts = hs.llama_tensor_set(num_layers=spec["switch_layers"], dtype="bfloat16", **spec["switch_model"])
+    dp1 = hs.Layout.parse("dp1")
+    shards = {s.name: torch.empty(tuple(s.shape), dtype=torch.bfloat16, device=device).normal_() for s in ts.specs}
+    total = sum(t.numel() * t.element_size() for t in shards.values())
+
+    def timed(fn):
+        best = math.inf
+        for _ in range(SWITCH_REPEATS + 1):  # the first builds the plan
+            _sync(device)
+            t0 = time.perf_counter()
+            out = fn()
+            _sync(device)
+            best = min(best, time.perf_counter() - t0)
+            del out
+        return best
+
+    flat = hs.switch(shards, ts, dp1, dp1, dst_kind="zero").shards
+    to_zero = timed(lambda: hs.switch(shards, ts, dp1, dp1, dst_kind="zero"))
+    to_sharded = timed(lambda: hs.switch(flat, ts, dp1, dp1, src_kind="zero"))
+    dst = torch.empty_like(flat)
+    copy = timed(lambda: dst.copy_(flat))
+    return {"bytes": total, "to_zero_s": to_zero, "to_sharded_s": to_sharded, "copy_s": copy,
+            "copy_bytes_per_s": 2.0 * total / copy}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes on the CPU (exercises the code)")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
+                        help="holds wikipedia.lengths and megatron_runs/runs.csv (default ../shared/data)")
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.quick
+    if not cuda and not args.quick:
+        parser.error("no CUDA device: the full benchmark measures a GPU; run --quick for CPU figures")
+    start = time.perf_counter()
+    lengths_path = os.path.join(args.data_dir, "wikipedia.lengths")
+    runs_path = os.path.join(args.data_dir, "megatron_runs", "runs.csv")
+    if os.path.exists(lengths_path):
+        lengths, source = load_lengths(lengths_path), "wikipedia.lengths"
+    elif args.quick:
+        rng = random.Random(5)
+        lengths, source = [max(1, int(rng.lognormvariate(5.9, 1.2))) for _ in range(10000)], "log-normal sample"
+        print(f"{lengths_path} not found; --quick draws lengths from a log-normal sample")
+    else:
+        parser.error(f"{lengths_path} not found (--data-dir)")
+    budgets = QUICK["budgets"] if args.quick else BUDGETS
+    count = QUICK["micro_batches"] if args.quick else MICRO_BATCHES
+    spec = {"cuda": cuda, "tps": TPS, "budgets": budgets, "model": QUICK["model"] if args.quick else LLAMA_7B,
+            "warmup": QUICK["warmup"] if args.quick else WARMUP,
+            "packs": {b: draw_packs(lengths, b, count, seed=b) for b in budgets}}
+    backend = "nccl" if cuda else "gloo"
+    layers = spawn(1, _layers, spec, timeout=1500.0, pg_timeout=1500.0, backend=backend)[0]
+    switch_spec = {"cuda": cuda, "switch_layers": QUICK["switch_layers"] if args.quick else MODEL_LAYERS,
+                   "switch_model": QUICK["model"] if args.quick else LLAMA_7B}
+    switch = spawn(1, _switch, switch_spec, timeout=900.0, pg_timeout=900.0, backend=backend)[0]
+
+    megatron = megatron_rows(runs_path) if os.path.exists(runs_path) else []
+    if not megatron:
+        print(f"{runs_path}: no packed LLaMA-7B runs found; vs_megatron is null")
+    print(f"device: {layers['device']} ({layers['device_name']}); peak {layers['peak_flops'] or float('nan'):.4g} "
+          f"FLOP/s ({layers['peak_source']}); {LAYERS} layers of "
+          f"{'LLaMA-7B' if cuda else 'a tiny model'}; micro-batches from {source}")
+    print(f"{'case':<12}{'kernel':>15}{'tokens':>8}{'seqs':>6}{'tokens/s':>11}{'MFU':>7}{'per GPU':>10}"
+          f"{'Megatron':>10}{'ratio':>7}  Megatron run (micro-batch tokens)")
+    tokens_per_s, mfu, vs = {}, {}, {}
+    for key, row in layers["rows"].items():
+        best = best_megatron(megatron, row["tp"], row["budget"]) if cuda else None
+        ratio = row["per_gpu_tokens_per_s"] / best["tokens_per_s_per_gpu"] if best else None
+        tokens_per_s[key], mfu[key], vs[key] = row["tokens_per_s"], row["mfu"], ratio
+        print(f"{key:<12}{row['attention']:>15}{row['tokens']:>8}{row['sequences']:>6}{row['tokens_per_s']:>11.0f}"
+              f"{(row['mfu'] or float('nan')):>7.1%}{row['per_gpu_tokens_per_s']:>10.0f}"
+              + (f"{best['tokens_per_s_per_gpu']:>10.0f}{ratio:>7.2f}  {best['run']} "
+                 f"({best['micro_batch_tokens']:.0f}, {best['histogram']} histogram)" if best else f"{'-':>10}{'-':>7}"))
+    if megatron:
+        print("Megatron-LM packed LLaMA-7B runs, tokens/s/GPU: " + ", ".join(
+            f"tp{r['tp']}@{r['seq_length']} mbs{r['micro_batch_size']} {r['tokens_per_s_per_gpu']:.0f}"
+            for r in sorted(megatron, key=lambda r: (r["seq_length"], r["tp"], -r["tokens_per_s_per_gpu"]))))
+    ratio = max(switch["to_zero_s"], switch["to_sharded_s"]) / switch["copy_s"]
+    print(f"switch of {switch['bytes'] / 2**30:.2f} GiB (bf16, {switch_spec['switch_layers']} layers): sharded->zero "
+          f"{switch['to_zero_s'] * 1e3:.2f} ms, zero->sharded {switch['to_sharded_s'] * 1e3:.2f} ms; one copy "
+          f"{switch['copy_s'] * 1e3:.2f} ms ({switch['copy_bytes_per_s'] / 1e9:.1f} GB/s read+write); "
+          f"ratio {ratio:.2f}")
+
+    def rounded(v):
+        if isinstance(v, float):
+            return float(f"{v:.4g}")
+        if isinstance(v, dict):
+            return {k: rounded(x) for k, x in v.items()}
+        return v
+
+    result = {"device": layers["device"], "device_name": layers["device_name"], "layers": LAYERS,
+              "tokens_per_s": tokens_per_s, "mfu": mfu, "vs_megatron": vs,
+              "per_gpu_tokens_per_s": {k: r["per_gpu_tokens_per_s"] for k, r in layers["rows"].items()},
+              "switch_over_copy_bound": ratio, "switch_bytes": switch["bytes"],
+              "copy_bytes_per_s": switch["copy_bytes_per_s"], "seconds": time.perf_counter() - start}
+    print("RESULT " + json.dumps(rounded(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""This runtime's fixed cost per micro-batch: seconds per micro-batch and per layer of a
+micro-batch at a few token counts, and the fitted ``layer_overhead_seconds``.
+
+``hotswitch.calibration.measure_micro_batch`` times forward and backward of the real
+``ParallelTransformer`` (one process, layout dp1) on one-sequence micro-batches of each
+token count with the model cut to two layer counts; the difference per layer removes
+what is outside the layers. Fitted: ``layer seconds = overhead + a * T + b * T^2``.
+
+- CPU (one thread): a small fp32 model (hidden 128, 8 heads over 4 K/V heads, FFN 352,
+  vocabulary 512), 1 and 3 layers.
+- CUDA: LLaMA-7B-shaped layers (hidden 4096, 32 heads, FFN 11008, vocabulary 32000) with
+  fp32 master weights and bf16 compute under autocast, 1 and 3 layers.
+
+``micro_batch_s`` is per token count the time of a micro-batch through the model with the
+larger layer count; ``layer_micro_batch_s`` the time per layer of a micro-batch. With
+``--write-profile OUT.json`` the fitted overhead replaces ``layer_overhead_seconds`` of
+``--base`` (a preset or a profile JSON; default on CUDA the preset named in the device's
+name) and the profile is written, so the cost model plans with this runtime's own fixed
+cost.
+
+    /usr/bin/python3 -m benchmarks.microbatch [--quick] [--write-profile OUT.json --base h100|FILE.json]
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+import hotswitch as hs
+from hotswitch.calibration.overhead import measure_micro_batch, with_layer_overhead
+from hotswitch.hardware import load_hardware, preset_for_device, save_profile
+
+CPU_MODEL = dict(hidden_size=128, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=352, vocab_size=512)
+CUDA_MODEL = dict(hidden_size=4096, num_attention_heads=32, num_query_groups=32, ffn_hidden_size=11008,
+                  vocab_size=32000)
+CPU_TOKENS = (16, 32, 64, 128, 256, 512)
+CPU_QUICK_TOKENS = (16, 64, 256)
+CUDA_TOKENS = (64, 256, 1024, 4096, 8192)
+CUDA_QUICK_TOKENS = (64, 1024, 4096)
+LAYERS = (1, 3)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="three token counts, three repetitions")
+    parser.add_argument("--cpu", action="store_true", help="time on the CPU even when CUDA is available")
+    parser.add_argument("--write-profile", default=None, metavar="OUT.json",
+                        help="write --base with the measured layer_overhead_seconds")
+    parser.add_argument("--base", default=None,
+                        help=f"profile to start from: a preset ({', '.join(hs.HardwareProfile.preset_names())}) "
+                             "or a profile JSON (default on CUDA: the device's preset)")
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.cpu
+    tokens = (CUDA_QUICK_TOKENS if args.quick else CUDA_TOKENS) if cuda else \
+        (CPU_QUICK_TOKENS if args.quick else CPU_TOKENS)
+    shape = CUDA_MODEL if cuda else CPU_MODEL
+    config = hs.TransformerConfig(num_layers=max(LAYERS), max_position_embeddings=max(tokens), **shape,
+                                  compute_dtype="bfloat16" if cuda else None)
+    base = None
+    if args.write_profile is not None:
+        spec = args.base
+        if spec is None and cuda:
+            spec = preset_for_device(torch.cuda.get_device_name(0))
+        if spec is None:
+            parser.error("--write-profile needs --base (a preset or a profile JSON) on this device")
+        try:
+            base = load_hardware(spec)
+        except ValueError as e:
+            parser.error(str(e))
+    costs = measure_micro_batch(config, tokens, LAYERS, repeats=3 if args.quick else 7, cuda=cuda,
+                                timeout=900.0)
+    print(f"device: {costs.device} ({costs.device_name}); attention kernel {costs.attention}; compute "
+          f"{costs.compute_dtype}; model hidden {shape['hidden_size']}, {shape['num_attention_heads']} heads, "
+          f"FFN {shape['ffn_hidden_size']}, vocabulary {shape['vocab_size']}")
+    high = max(LAYERS)
+    print(f"{'tokens':>8}" + "".join(f"{f'{n} layers ms':>14}" for n in sorted(costs.micro_batch_seconds))
+          + f"{'per layer ms':>14}{'fit ms':>10}")
+    for i, t in enumerate(costs.token_counts):
+        fit = costs.layer_overhead_seconds + costs.per_token_seconds * t + costs.per_score_seconds * t * t
+        print(f"{t:>8}" + "".join(f"{costs.micro_batch_seconds[n][i] * 1e3:>14.3f}"
+                                  for n in sorted(costs.micro_batch_seconds))
+              + f"{costs.layer_seconds[i] * 1e3:>14.3f}{fit * 1e3:>10.3f}")
+    print(f"fit: layer_overhead_seconds {costs.layer_overhead_seconds:.4g}, per token {costs.per_token_seconds:.4g} s, "
+          f"per score {costs.per_score_seconds:.4g} s; largest relative error {costs.fit_error_max:.1%}")
+    result = {
+        "device": costs.device,
+        "device_name": costs.device_name,
+        "attention": costs.attention,
+        "compute_dtype": costs.compute_dtype,
+        "layers": high,
+        "micro_batch_s": {str(t): s for t, s in zip(costs.token_counts, costs.micro_batch_seconds[high])},
+        "layer_micro_batch_s": {str(t): s for t, s in zip(costs.token_counts, costs.layer_seconds)},
+        "layer_overhead_seconds": costs.layer_overhead_seconds,
+        "fit_error_max": costs.fit_error_max,
+        "seconds": costs.seconds,
+    }
+    if base is not None:
+        profile = with_layer_overhead(base, costs, name=f"{base.name}+measured-overhead")
+        save_profile(profile, args.write_profile)
+        print(f"wrote {args.write_profile}: {base.name} with layer_overhead_seconds "
+              f"{base.layer_overhead_seconds:.4g} -> {profile.layer_overhead_seconds:.4g}")
+        result["profile"] = args.write_profile
+
+    def rounded(v):
+        if isinstance(v, float):
+            return float(f"{v:.4g}")
+        if isinstance(v, dict):
+            return {k: rounded(x) for k, x in v.items()}
+        return v
+
+    print("RESULT " + json.dumps({k: rounded(v) for k, v in result.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

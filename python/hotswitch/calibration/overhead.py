@@ -1,0 +1,211 @@
+"""This runtime's fixed cost per micro-batch, measured: the cost model's
+``layer_overhead_seconds``.
+
+``measure_micro_batch(config, token_counts, layer_counts)`` times forward and backward of the
+real ``ParallelTransformer`` (one process, layout ``dp1``, on the CUDA device when there is
+one, else one CPU thread) on micro-batches of one sequence of each token count, with the
+model cut to each layer count. The time per layer of a micro-batch is the difference
+between two layer counts divided by their difference: the embedding, the head, the loss
+and the Python work per micro-batch outside the layers cancel. Fitted to it, by
+non-negative least squares on relative errors (so the small micro-batches, where the fixed
+cost shows, weigh as much as the large ones)::
+
+    layer_seconds(T) = layer_overhead_seconds + per_token_seconds * T + per_score_seconds * T^2
+
+where ``T^2`` is the causal attention's score count of a one-sequence pack. The intercept is
+what the cost model charges per layer and micro-batch, forward and backward
+(``HardwareProfile.layer_overhead_seconds``, see csrc/planner/HardwareProfile.h): kernel
+launches and Python dispatch, and, under bf16 autocast, the cast of the fp32 weights.
+``with_layer_overhead(profile, costs)`` returns a profile that plans with it.
+"""
+
+import dataclasses
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from hotswitch import _C
+from hotswitch._checks import check_int, check_positive
+from hotswitch.calibration.offline import _nnls
+from hotswitch.distributed import spawn
+from hotswitch.logging import get_logger
+from hotswitch.model.config import TransformerConfig
+
+__all__ = ["MicroBatchCosts", "fit_layer_seconds", "measure_micro_batch", "with_layer_overhead"]
+
+_log = get_logger("calibrate")
+
+
+@dataclasses.dataclass
+class MicroBatchCosts:
+    """What ``measure_micro_batch`` measured and fitted.
+
+    ``device``: ``"cuda"`` or ``"cpu"``; ``device_name``: the CUDA device's name or the
+    CPU's. ``token_counts``: tokens of the timed micro-batches. ``micro_batch_seconds``:
+    ``{layers: [seconds per micro-batch, per token count]}``, forward and backward of the
+    whole model cut to that many layers (the fastest repetition: on a shared host
+    interference only adds time).
+    ``layer_seconds``: per token count, seconds per layer and micro-batch (the difference
+    of the largest and smallest layer count over their difference). The fit:
+    ``layer_overhead_seconds``, ``per_token_seconds``, ``per_score_seconds``, and
+    ``fit_error_max`` (largest |fit - measured| / measured over the token counts).
+    ``attention``: the attention kernel the model chose; ``compute_dtype``; ``seconds``:
+    the measurement's wall time.
+    """
+
+    device: str
+    device_name: str
+    token_counts: List[int]
+    micro_batch_seconds: Dict[int, List[float]]
+    layer_seconds: List[float]
+    layer_overhead_seconds: float
+    per_token_seconds: float
+    per_score_seconds: float
+    fit_error_max: float
+    attention: str
+    compute_dtype: str
+    seconds: float
+
+
+def _cut(config: TransformerConfig, layers: int) -> TransformerConfig:
+    return dataclasses.replace(config, num_layers=layers)
+
+
+def _time_rank(rank: int, world: int, spec: dict) -> dict:
+    """Rank 0 of a world of 1: the timings (runs in the spawned process)."""
+    import torch
+
+    from hotswitch._C import Layout
+    from hotswitch.model.batch import MicroBatch
+    from hotswitch.model.groups import ParallelGroups
+    from hotswitch.model.transformer import ParallelTransformer
+
+    cuda = torch.cuda.is_available() and spec["backend"] == "nccl"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    layout = Layout.parse("dp1")
+    groups = ParallelGroups(layout)
+    gen = torch.Generator().manual_seed(11)
+    out = {"device": groups.device.type, "seconds": {},
+           "device_name": torch.cuda.get_device_name(groups.device) if cuda else "cpu"}
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    for layers in spec["layer_counts"]:
+        cfg = _cut(spec["config"], layers)
+        model = ParallelTransformer(cfg, layout, groups, seed=0)
+        out["attention"] = model.attention_kernel
+        times = []
+        for tokens in spec["token_counts"]:
+            mb = MicroBatch.from_sequences([torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)])
+            reps = []
+            for k in range(spec["repeats"] + spec["warmup"]):
+                model.zero_grad()
+                sync()
+                t0 = time.perf_counter()
+                model.forward_backward([mb], 1.0)
+                sync()
+                if k >= spec["warmup"]:
+                    reps.append(time.perf_counter() - t0)
+            times.append(min(reps))
+        out["seconds"][layers] = times
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
+def measure_micro_batch(config: TransformerConfig, token_counts: Sequence[int], layer_counts: Sequence[int] = (1, 3),
+                        repeats: int = 5, warmup: int = 2, cuda: Optional[bool] = None,
+                        timeout: float = 600.0) -> MicroBatchCosts:
+    """Measures this runtime's time per micro-batch and per layer of a micro-batch, and fits
+    the fixed part (see the module docstring).
+
+    ``config``: the model whose layers are timed (its ``num_layers`` is replaced by each of
+    ``layer_counts``; its ``compute_dtype`` applies). ``token_counts``: tokens of the
+    one-sequence micro-batches (at least three distinct ints >= 1, each <= the model's
+    ``max_position_embeddings``). ``layer_counts``: at least two distinct layer counts.
+    ``repeats``: timed repetitions per sample (the fastest counts) after ``warmup`` untimed
+    ones. ``cuda``: time on the CUDA device (default: when one is available). Runs in one
+    spawned process; ``TimeoutError`` past ``timeout`` seconds, ``RuntimeError`` when it
+    fails, ``ValueError`` for bad arguments before anything runs.
+    """
+    import torch
+
+    start = time.perf_counter()
+    if not isinstance(config, TransformerConfig):
+        raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
+    for name, values in (("token_counts", token_counts), ("layer_counts", layer_counts)):
+        if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+            raise ValueError(f"{name} must be a list of ints, got {values!r}")
+    tokens = [check_int(f"token_counts[{i}]", t, 1, config.max_position_embeddings)
+              for i, t in enumerate(token_counts)]
+    layers = sorted({check_int(f"layer_counts[{i}]", n, 1) for i, n in enumerate(layer_counts)})
+    if len(set(tokens)) < 3:
+        raise ValueError(f"token_counts must hold at least three distinct values (three terms are fitted), "
+                         f"got {list(token_counts)!r}")
+    if len(layers) < 2:
+        raise ValueError(f"layer_counts must hold at least two distinct values, got {list(layer_counts)!r}")
+    repeats = check_int("repeats", repeats, 1)
+    warmup = check_int("warmup", warmup, 0)
+    timeout = check_positive("timeout", timeout)
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    elif cuda and not torch.cuda.is_available():
+        raise ValueError("cuda=True, but no CUDA device is available")
+    spec = {"config": config, "token_counts": tokens, "layer_counts": layers, "repeats": repeats,
+            "warmup": warmup, "backend": "nccl" if cuda else "gloo"}
+    _log.info("timing micro-batches of %s tokens with %s layers on %s", tokens, layers, "cuda" if cuda else "cpu")
+    try:
+        result = spawn(1, _time_rank, spec, timeout=timeout, pg_timeout=timeout, backend=spec["backend"])[0]
+    except RuntimeError as e:
+        raise RuntimeError(f"micro-batch measurement failed: {e}") from None
+    seconds = {int(k): v for k, v in result["seconds"].items()}
+    low, high = layers[0], layers[-1]
+    per_layer = [(b - a) / (high - low) for a, b in zip(seconds[low], seconds[high])]
+    overhead, per_token, per_score, error = fit_layer_seconds(tokens, per_layer)
+    costs = MicroBatchCosts(
+        device=result["device"], device_name=result["device_name"], token_counts=tokens,
+        micro_batch_seconds=seconds, layer_seconds=per_layer, layer_overhead_seconds=overhead,
+        per_token_seconds=per_token, per_score_seconds=per_score, fit_error_max=error,
+        attention=result["attention"], compute_dtype=config.compute_dtype or config.dtype,
+        seconds=time.perf_counter() - start)
+    _log.info("layer overhead %.3g s per micro-batch on %s (fit error max %.1f%%)", overhead, costs.device,
+              100 * error)
+    return costs
+
+
+def fit_layer_seconds(token_counts: Sequence[int], layer_seconds: Sequence[float]):
+    """Fits ``layer_seconds[i] = overhead + per_token * T_i + per_score * T_i^2`` with
+    non-negative coefficients, minimising relative errors; returns ``(overhead, per_token,
+    per_score, largest relative error)``. A non-positive sample (noise at tiny sizes) counts
+    as 0 with the weight of the smallest positive one."""
+    t = np.asarray(token_counts, dtype=float)
+    y = np.asarray(layer_seconds, dtype=float)
+    if t.shape != y.shape or t.size < 3:
+        raise ValueError(f"need at least three (token count, seconds) samples of equal number, got "
+                         f"{list(token_counts)!r} and {list(layer_seconds)!r}")
+    basis = np.stack([np.ones_like(t), t, t * t], axis=1)
+    scale = np.where(y > 0, y, np.min(y[y > 0]) if np.any(y > 0) else 1.0)
+    coefficients = _nnls(basis / scale[:, None], np.maximum(y, 0) / scale)
+    error = float(np.max(np.abs(basis @ coefficients - y) / scale))
+    overhead, per_token, per_score = (float(v) for v in coefficients)
+    return overhead, per_token, per_score, error
+
+
+def with_layer_overhead(profile: "_C.HardwareProfile", costs: MicroBatchCosts,
+                        name: Optional[str] = None) -> "_C.HardwareProfile":
+    """A copy of ``profile`` whose ``layer_overhead_seconds`` is ``costs``' fitted overhead
+    (and whose name is ``name`` when given); every other field is kept."""
+    if not isinstance(profile, _C.HardwareProfile):
+        raise ValueError(f"profile must be a hotswitch.HardwareProfile, got {type(profile).__name__}")
+    if not isinstance(costs, MicroBatchCosts):
+        raise ValueError(f"costs must be a MicroBatchCosts from measure_micro_batch, got {type(costs).__name__}")
+    fields = profile.to_dict()
+    fields["layer_overhead_seconds"] = costs.layer_overhead_seconds
+    if name is not None:
+        fields["name"] = name
+    return _C.HardwareProfile.from_dict(fields)
