@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import attention_workers as aw
+from tests.python.model import attention_workers as aw
 import hotswitch as hs
 import hotswitch.model.attention as attention
-import model_workers as mw
+from tests.python.model import workers as mw
 from hotswitch.model.attention import PackAttention, available_kernels, select_kernel
 from hotswitch.model.layers import rotary_tables
 from hotswitch.model.transformer import PackContext

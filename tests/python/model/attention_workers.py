@@ -6,7 +6,7 @@ import torch
 
 import hotswitch as hs
 import hotswitch.model.attention as attention
-import model_workers as mw
+from tests.python.model import workers as mw
 from hotswitch.model.transformer import PackContext
 from hotswitch.testing.reference import train_static
 
