@@ -133,7 +133,8 @@ def config_from_tensors(tensors: Dict[str, torch.Tensor], num_attention_heads: i
 def _layer_names(i: int) -> Dict[str, str]:
     p, q = f"layers.{i}.", f"model.layers.{i}."
     return {p + "input_norm.weight": q + "input_layernorm.weight", p + "proj.weight": q + "self_attn.o_proj.weight",
-            p + "post_norm.weight": q + "post_attention_layernorm.weight", p + "down.weight": q + "mlp.down_proj.weight"}
+            p + "post_norm.weight": q + "post_attention_layernorm.weight",
+            p + "down.weight": q + "mlp.down_proj.weight"}
 
 
 def to_hf(tensors: Dict[str, torch.Tensor], config: TransformerConfig) -> Dict[str, torch.Tensor]:

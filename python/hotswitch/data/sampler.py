@@ -116,11 +116,6 @@ class LengthAwareSampler:
         self.documents_drawn = 0  # by this sampler object (not restored by load_state_dict)
         self.cut_documents = 0    # of those, longer than max_length
 
-    @property
-    def corpus(self):
-        """The documents drawn from (a single source's ``Documents``, or the ``Blend``)."""
-        return self.documents
-
     def _choose(self) -> int:
         if len(self._streams) == 1:
             return 0

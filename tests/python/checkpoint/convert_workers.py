@@ -5,7 +5,7 @@ import dataclasses
 import torch
 
 import hotswitch as hs
-import runtime_workers as rw
+from hotswitch.testing import scenarios as rw
 
 CONFIG = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64,
               vocab_size=128, max_position_embeddings=64, rope_theta=500.0, norm_eps=1e-6)

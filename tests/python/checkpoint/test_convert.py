@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import convert_workers as w
+from tests.python.checkpoint import convert_workers as w
 from hotswitch import huggingface as hf
 from hotswitch.checkpoint import read_tensors
 from hotswitch.cli import convert
