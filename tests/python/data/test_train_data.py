@@ -46,7 +46,8 @@ def test_blend_of_indexed_and_text_data_trains_and_resumes_bit_for_bit(data, tmp
     root, model = data
     common = ["--data-path", "0.7", str(root / "json_text_document"), "0.3", os.path.dirname(json.__file__),
               "--split", "90,10", "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", model,
-              "--hot-switch", "--candidate-layouts", "dp2,tp2", "--no-recalibrate"]
+              "--hot-switch", "--candidate-layouts", "dp2,tp2", "--no-recalibrate",
+              "--lr-decay-iters", "3"]  # one learning-rate schedule whatever --train-iters
     full, part, rest, ckpt = (str(tmp_path / n) for n in ("full.json", "part.json", "rest.json", "ckpt"))
     out = _train(2, *common, "--train-iters", "3", "--summary-json", full)
     assert out.returncode == 0, out.stderr[-3000:]
