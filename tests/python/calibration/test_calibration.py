@@ -57,7 +57,10 @@ def test_report_lists_every_sample_with_its_error(calibrated):
     assert report["fit_error_median"] == pytest.approx(float(np.median(errors)))
     assert report["check_error_median"] is not None and report["check_layouts"] == ["tp2"]
     # Compute follows the model closely even on a shared machine; collectives are noisier.
-    assert report["fit_error_median_by_kind"]["forward_backward"] < 0.5
+    # Six forward-backward samples fit four coefficients, so what is left is timing noise: over
+    # ten runs on a 2-core host under a load of 14 to 29 the median error was 0.04 to 0.18;
+    # the bound leaves 1.6 times the worst of them.
+    assert report["fit_error_median_by_kind"]["forward_backward"] < 0.3
 
 
 def test_profile_round_trips_and_plans_like_a_preset(calibrated, tmp_path, capsys):

@@ -22,7 +22,7 @@ def reference():
     ("phase", "kill", "forward and backward"),
     ("save", "kill", "saving checkpoint"),
     ("switch", "stall", "switching parameters"),
-    ("phase", "stall", "phase"),
+    ("phase", "stall", "forward and backward"),
 ])
 def test_survivors_raise_keep_state_and_the_job_resumes(tmp_path, reference, stage, action, needle):
     root = str(tmp_path / "ckpt")
