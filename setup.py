@@ -1,52 +1,93 @@
-"""Builds the hotswitch Python package and its native extension hotswitch._C.
+"""Builds the hotswitch Python package; its native extension hotswitch._C comes from the CMake
+build (CMakeLists.txt, target _C), which this file drives rather than compiling anything itself.
 
-    /usr/bin/python3 setup.py build_ext --inplace   # what script/test does
-    pip install .                                   # elsewhere
+    script/build                               # this checkout: CMake, then an editable install
+    pip install --no-build-isolation -e .      # the editable install by hand
+    pip install --no-build-isolation .         # a copy into site-packages
 
-The CUDA-native NCCL transport is built by CMake (HOTSWITCH_WITH_NCCL); the extension
-reaches NCCL through torch.distributed's process groups.
+Without --no-build-isolation pip builds in a fresh environment that has no torch.
+
+The CMake build folder is build/cmake, or $HOTSWITCH_BUILD_DIR. A folder already configured
+(script/build configures it with the tests and benchmarks) is only built, so an install after
+script/build compiles nothing again; an unconfigured one is configured for the extension alone.
+$HOTSWITCH_JOBS bounds the build's parallelism. The torch the extension is built against is the
+one the Python running this file imports.
 """
 
+import filecmp
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 
-from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CORE = [
-    "csrc/common/Logging.cpp",
-    "csrc/layout/Box.cpp",
-    "csrc/layout/Topology.cpp",
-    "csrc/layout/Layout.cpp",
-    "csrc/layout/ParamSpec.cpp",
-    "csrc/layout/Placement.cpp",
-    "csrc/redistribute/MaxFlow.cpp",
-    "csrc/redistribute/RedistributionPlan.cpp",
-    "csrc/redistribute/PlanCache.cpp",
-    "csrc/planner/ModelConfig.cpp",
-    "csrc/planner/HardwareProfile.cpp",
-    "csrc/planner/CostModel.cpp",
-    "csrc/planner/Packer.cpp",
-    "csrc/planner/Planner.cpp",
-    "csrc/planner/SwitchEstimate.cpp",
-    "csrc/redistribute/SwitchExecutor.cpp",
-    "csrc/transport/C10dTransport.cpp",
-    "csrc/bindings/init.cpp",
-]
+
+
+def _cache_entry(cache: str, key: str) -> str:
+    """The value of ``key`` in a CMakeCache.txt, '' when absent."""
+    with open(cache) as f:
+        for line in f:
+            name, _, value = line.rstrip("\n").partition("=")
+            if name.split(":")[0] == key:
+                return value
+    return ""
+
+
+class CMakeBuild(build_ext):
+    """Builds each extension as the CMake target of its last name part (hotswitch._C -> _C)."""
+
+    def build_extension(self, ext):
+        build_dir = os.path.abspath(os.environ.get("HOTSWITCH_BUILD_DIR", os.path.join(ROOT, "build", "cmake")))
+        target = ext.name.rpartition(".")[2]
+        cache = os.path.join(build_dir, "CMakeCache.txt")
+        if os.path.exists(cache):
+            configured = _cache_entry(cache, "Python3_EXECUTABLE")
+            if os.path.realpath(configured) != os.path.realpath(sys.executable):
+                raise RuntimeError(f"{build_dir} is configured for Python {configured!r}, not {sys.executable!r}; "
+                                   "set HOTSWITCH_BUILD_DIR to another folder or remove it")
+        else:
+            subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir, "-G", "Ninja",
+                                   "-DCMAKE_BUILD_TYPE=RelWithDebInfo", f"-DPython3_EXECUTABLE={sys.executable}",
+                                   "-DHOTSWITCH_BUILD_TESTS=OFF", "-DHOTSWITCH_BUILD_BENCHMARKS=OFF",
+                                   "-DHOTSWITCH_BUILD_FUZZERS=OFF"])
+        command = ["cmake", "--build", build_dir, "--target", target]
+        if os.environ.get("HOTSWITCH_JOBS"):
+            command += ["-j", os.environ["HOTSWITCH_JOBS"]]
+        subprocess.check_call(command)
+
+        # The CMake build asked this same Python for the suffix.
+        built = os.path.join(_cache_entry(cache, "HOTSWITCH_EXTENSION_DIR"), target + sysconfig.get_config_var("EXT_SUFFIX"))
+        dest = self.get_ext_fullpath(ext.name)
+        if not os.path.exists(built):
+            raise RuntimeError(f"the CMake build did not write {built}")
+        if os.path.realpath(built) != os.path.realpath(dest):
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(built, dest)
+
+    def copy_extensions_to_source(self):
+        # The CMake build already wrote the extension into the package folder: copying the same
+        # bytes back would rewrite, in place, a module that running processes may have loaded.
+        for ext in self.extensions:
+            self.inplace = 0
+            built = self.get_ext_fullpath(ext.name)
+            self.inplace = 1
+            in_place = self.get_ext_fullpath(ext.name)
+            if not (os.path.exists(in_place) and filecmp.cmp(built, in_place, shallow=False)):
+                self.copy_file(built, in_place, level=self.verbose)
+
 
 setup(
     name="hotswitch",
     version="0.1.0",
     description="Per-step parallel layouts with planned hot switching for LLM training",
     package_dir={"": "python"},
-    packages=["hotswitch", "hotswitch.model"],
-    ext_modules=[
-        CppExtension(
-            "hotswitch._C",
-            sources=CORE,
-            include_dirs=[os.path.join(ROOT, "csrc")],
-            extra_compile_args=["-O2", "-std=c++17"],
-        )
-    ],
-    cmdclass={"build_ext": BuildExtension},
+    packages=find_packages("python"),
+    ext_modules=[Extension("hotswitch._C", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.8",
+    zip_safe=False,
 )

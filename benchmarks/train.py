@@ -28,7 +28,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
 
 # A CPU rank's starting profile (the runtime refits it from measured times as it trains).
 PROFILE = os.path.join(ROOT, "examples", "cpu_profile.json")

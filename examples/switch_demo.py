@@ -11,13 +11,11 @@ import sys
 import tempfile
 from datetime import timedelta
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-import hotswitch as hs  # noqa: E402
+import hotswitch as hs
 
 TOUR = ["dp4", "dp2tp2", "tp2pp2", "pp4", "tp4", "dp2pp2", "dp4"]
 

@@ -8,15 +8,10 @@ planner picks for it (data parallel for short documents, tensor or pipeline para
 the long ones that would not fit in the per-rank memory budget otherwise).
 """
 
-import os
-import sys
+import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-
-import torch  # noqa: E402
-
-import hotswitch as hs  # noqa: E402
-from hotswitch.data import Corpus, LengthAwareSampler  # noqa: E402
+import hotswitch as hs
+from hotswitch.data import Corpus, LengthAwareSampler
 
 rank, world, _ = hs.init_distributed()
 torch.set_num_threads(1)

@@ -1,8 +1,7 @@
 #pragma once
 
-// How a switch moves bytes between ranks. Implementations: C10dTransport (a
-// torch.distributed ProcessGroup: gloo on CPU, NCCL on GPU) and NcclTransport (native
-// grouped ncclSend/ncclRecv, CUDA builds only).
+// How a switch moves bytes between ranks. The implementation is C10dTransport, over a
+// torch.distributed ProcessGroup: gloo on CPU, NCCL on GPU.
 
 #include <ATen/ATen.h>
 

@@ -11,14 +11,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 SCRIPT = """
 import os, sys
-sys.path.insert(0, {python!r})
 import torch, torch.distributed as dist
 from hotswitch.distributed import init_distributed
 rank, world, local = init_distributed(timeout_s=60)
 t = torch.tensor([rank + 1])
 dist.all_reduce(t)
 # One write per line: ranks share the terminal, and an unbuffered print writes the newline apart.
-sys.stdout.write(f"rank {{rank}}/{{world}} local {{local}} of {{os.environ['LOCAL_WORLD_SIZE']}} sum {{t.item()}}\\n")
+sys.stdout.write(f"rank {rank}/{world} local {local} of {os.environ['LOCAL_WORLD_SIZE']} sum {t.item()}\\n")
 sys.stdout.flush()
 if len(sys.argv) > 1 and rank == int(sys.argv[1]):
     sys.exit(7)
@@ -30,7 +29,7 @@ dist.barrier()
 
 def _launch(tmp_path, nproc, *args, timeout=120):
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT.format(python=os.path.join(ROOT, "python")))
+    script.write_text(SCRIPT)
     return subprocess.run([sys.executable, "-m", "hotswitch.launch", "--nproc-per-node", str(nproc), str(script),
                            *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 

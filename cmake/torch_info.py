@@ -1,0 +1,21 @@
+"""Prints, one `key=value` a line, what the CMake build needs to know about the Python it builds
+the extension for and that Python's torch (read by cmake/TorchPython.cmake)."""
+
+import os
+import sysconfig
+
+import torch
+import torch.utils
+
+root = os.path.dirname(os.path.abspath(torch.__file__))
+print(f"version={torch.__version__}")
+print(f"cuda={torch.version.cuda or ''}")
+print(f"cmake_prefix_path={torch.utils.cmake_prefix_path}")
+print(f"include_dirs={os.path.join(root, 'include')};{os.path.join(root, 'include', 'torch', 'csrc', 'api', 'include')}")
+print(f"lib_dir={os.path.join(root, 'lib')}")
+print(f"cxx11_abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+print(f"ext_suffix={sysconfig.get_config_var('EXT_SUFFIX')}")
+# pybind11 keys its shared type registry by these; the extension must use torch's, or the
+# ProcessGroup handed to C10dTransport does not convert.
+for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
+    print(f"pybind11_{name.lower()}={getattr(torch._C, f'_PYBIND11_{name}', None) or ''}")
