@@ -36,8 +36,6 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
 
 
 def _synthetic(prefix: str, documents: int, seed: int = 0) -> int:
