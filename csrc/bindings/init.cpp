@@ -487,38 +487,12 @@ PYBIND11_MODULE(_C, m) {
                                     bool allReduce) {
         return c.collectiveSeconds(layout, parseAxis(axis), bytes, allReduce);
       }, py::arg("layout"), py::arg("axis"), py::arg("bytes"), py::arg("all_reduce") = false)
-      .def("terms", [](const CostModel& c, const Layout& layout) {
-        LayoutTerms t = c.terms(layout);
-        py::dict d;
-        d["alpha_compute"] = t.alphaCompute;
-        d["alpha_tp"] = t.alphaTp;
-        d["beta"] = t.beta;
-        d["gamma"] = t.gamma;
-        d["micro_batch_s"] = t.microBatchSeconds;
-        d["micro_batch_tp_s"] = t.microBatchTpSeconds;
-        d["p2p_per_token_s"] = t.p2pPerToken;
-        d["p2p_latency_s"] = t.p2pLatency;
-        d["dp_s"] = t.dpSeconds;
-        return d;
-      }, py::arg("layout"),
-         "The layout's time coefficients in seconds: a sequence of s tokens costs a stage "
-         "(alpha_compute + alpha_tp) * s + beta * s**2 + gamma; a micro-batch adds micro_batch_s.")
-      .def("phase", [](const CostModel& c, const Layout& layout, const PhaseBatches& batches) {
-        PhaseCost p = c.phase(layout, batches);
-        py::dict d;
-        d["compute_s"] = p.computeSeconds;
-        d["tp_s"] = p.tpSeconds;
-        d["pp_s"] = p.ppSeconds;
-        d["dp_s"] = p.dpSeconds;
-        d["total_s"] = p.totalSeconds;
-        d["static_bytes"] = p.staticBytes;
-        d["activation_bytes"] = p.activationBytes;
-        d["peak_bytes"] = p.peakBytes;
-        d["fits"] = p.fits;
-        return d;
-      }, py::arg("layout"), py::arg("batches"),
-         "Predicted time (seconds) and peak memory (bytes) per rank of one phase; batches[replica]"
-         "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
+      .def("terms", &CostModel::terms, py::arg("layout"),
+           "The layout's time coefficients (LayoutTerms, seconds).")
+      .def("phase", py::overload_cast<const Layout&, const PhaseBatches&>(&CostModel::phase, py::const_),
+           py::arg("layout"), py::arg("batches"),
+           "Predicted time (seconds) and peak memory (bytes) per rank of one phase (PhaseCost); batches[replica]"
+           "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
 
   py::class_<SwitchEstimate>(m, "SwitchEstimate")
       .def_static("of", [](const TensorSet& set, const Placement& from, const Placement& to, const Topology& topology) {

@@ -85,11 +85,15 @@ def test_cost_model_from_python():
     cost = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8))
     short = cost.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)])
     long = cost.phase(hs.Layout(tp=8), [[[16384]]])
-    assert short["total_s"] > 0 and long["total_s"] > 0
-    assert long["static_bytes"] < short["static_bytes"]  # tp shards the weights
+    assert short.total_seconds > 0 and long.total_seconds > 0
+    assert short.run_seconds == short.total_seconds - short.dp_seconds
+    assert long.static_bytes < short.static_bytes  # tp shards the weights
     zero = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8), zero=True)
-    assert zero.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)])["fits"]
-    assert not zero.phase(hs.Layout(dp=8), [[[32768]] for _ in range(8)])["fits"]  # activations
+    assert zero.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)]).fits
+    assert not zero.phase(hs.Layout(dp=8), [[[32768]] for _ in range(8)]).fits  # activations
+    terms = cost.terms(hs.Layout(dp=8))
+    assert terms.alpha == terms.alpha_compute + terms.alpha_tp
+    assert terms.u(512) == pytest.approx(terms.alpha * 512 + terms.beta * 512**2 + terms.gamma)
     with pytest.raises(ValueError, match="got 1 replicas"):
         cost.phase(hs.Layout(dp=8), [[[512]]])
     with pytest.raises(ValueError, match="'gpt-5'"):
