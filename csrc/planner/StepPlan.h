@@ -6,7 +6,8 @@
 // Names across the binding. hotswitch._C binds each struct here as a class of the same name
 // with read-only properties; every field keeps its name, in snake_case
 // (switchInSeconds -> switch_in_seconds, bestStaticCandidate -> best_static_candidate), a
-// nested struct is its own class (PlannedPhase::cost -> PhaseCost, ::packing -> Packing) and
+// nested struct is its own class (PlannedPhase::cost -> PhaseCost, ::packing -> Packing), a
+// const method without arguments is a property (PhaseCost::runSeconds() -> run_seconds) and
 // a GradMethod is its name (gradMethodName: "local", "reduce", "partial"). So
 //   C++ plan.phases[k].cost.peakBytes  ==  Python plan.phases[k].cost.peak_bytes.
 // Seconds end in Seconds (Python: _seconds); "candidate" is always an index into the
