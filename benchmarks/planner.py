@@ -84,7 +84,7 @@ class Setups:
         n = len(candidates)
         probe = hs.Planner(hs.CostModel(self.model, self.hardware, topology, zero=True), candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **OPTIONS)
-        return probe.plan([min(s, MAX_CONTEXT) for s in batch] + [MAX_CONTEXT])["best_static"]
+        return probe.plan([min(s, MAX_CONTEXT) for s in batch] + [MAX_CONTEXT]).best_static_candidate
 
     def planner(self, gpus: int, home: int):
         key = (gpus, home)
@@ -142,17 +142,17 @@ def milp_gaps(dists, hardware, cases, time_limit, seed):
         step = [min(rng.choice(lengths), holds) for _ in range(rng.randint(12, 24))]
         tried += 1
         plan = planner.plan(step)
-        assignment = [None] * len(plan["pieces"])
-        for ph in plan["phases"]:
-            for i in ph["sequences"]:
-                assignment[i] = ph["candidate"]
-        pieces = [p[2] for p in plan["pieces"]]
-        ours = planner.objective(pieces, assignment)["total_s"]
+        assignment = [None] * len(plan.pieces)
+        for ph in plan.phases:
+            for i in ph.sequences:
+                assignment[i] = ph.candidate
+        pieces = [p.length for p in plan.pieces]
+        ours = planner.objective(pieces, assignment).total_seconds
         result = milp.solve(planner, pieces, time_limit=time_limit, start=assignment)
         if not result["optimal"]:
             unproven += 1
             continue
-        optimum = planner.objective(pieces, result["assignment"])["total_s"]
+        optimum = planner.objective(pieces, result["assignment"]).total_seconds
         gaps.append(ours / optimum - 1)
         milp_ms.append(result["solve_s"] * 1e3)
     return gaps, milp_ms, unproven, tried

@@ -85,7 +85,7 @@ def _static_candidates(a, world: int):
     fits = [l for i, l in enumerate(layouts) if planner.micro_batch_budget(i) >= a.seq_length]
     if not fits:
         raise SystemExit(f"benchmarks.train: no layout holds {a.seq_length} tokens in {a.budget_mb} MiB")
-    best = layouts[planner.plan([a.seq_length] * 4)["best_static"]]
+    best = layouts[planner.plan([a.seq_length] * 4).best_static_candidate]
     return fits, best, {l.name: planner.micro_batch_budget(i) for i, l in enumerate(layouts)}
 
 

@@ -428,6 +428,46 @@ PYBIND11_MODULE(_C, m) {
                     });
   }
 
+  // Results of the cost model and the planner: read-only, named as their C++ fields in
+  // snake_case (see planner/StepPlan.h).
+  py::class_<LayoutTerms>(m, "LayoutTerms",
+                          "A layout's time coefficients in seconds: a sequence of s tokens costs a stage "
+                          "u(s) = alpha * s + beta * s**2 + gamma; a micro-batch adds micro_batch_seconds.")
+      .def_readonly("alpha_compute", &LayoutTerms::alphaCompute)
+      .def_readonly("alpha_tp", &LayoutTerms::alphaTp)
+      .def_readonly("beta", &LayoutTerms::beta)
+      .def_readonly("gamma", &LayoutTerms::gamma)
+      .def_readonly("micro_batch_seconds", &LayoutTerms::microBatchSeconds)
+      .def_readonly("micro_batch_tp_seconds", &LayoutTerms::microBatchTpSeconds)
+      .def_readonly("p2p_per_token", &LayoutTerms::p2pPerToken)
+      .def_readonly("p2p_latency", &LayoutTerms::p2pLatency)
+      .def_readonly("dp_seconds", &LayoutTerms::dpSeconds)
+      .def_property_readonly("alpha", &LayoutTerms::alpha)
+      .def("u", &LayoutTerms::u, py::arg("tokens"), "Critical-path seconds of one sequence on a stage.")
+      .def("v", &LayoutTerms::v, py::arg("tokens"), "u plus its two stage-boundary transfers.")
+      .def("__repr__", [](const LayoutTerms& t) {
+        return str("LayoutTerms(alpha ", t.alpha(), " s/token, beta ", t.beta, " s/token^2, gamma ", t.gamma,
+                   " s, micro-batch ", t.microBatchSeconds, " s, dp ", t.dpSeconds, " s)");
+      });
+
+  py::class_<PhaseCost>(m, "PhaseCost", "Predicted seconds and peak bytes per rank of one phase.")
+      .def_readonly("compute_seconds", &PhaseCost::computeSeconds)
+      .def_readonly("tp_seconds", &PhaseCost::tpSeconds)
+      .def_readonly("pp_seconds", &PhaseCost::ppSeconds)
+      .def_readonly("dp_seconds", &PhaseCost::dpSeconds)
+      .def_readonly("total_seconds", &PhaseCost::totalSeconds)
+      .def_readonly("static_bytes", &PhaseCost::staticBytes)
+      .def_readonly("activation_bytes", &PhaseCost::activationBytes)
+      .def_readonly("peak_bytes", &PhaseCost::peakBytes)
+      .def_readonly("fits", &PhaseCost::fits)
+      .def_property_readonly("run_seconds", &PhaseCost::runSeconds,
+                             "Seconds before the gradient reduction: what the micro-batches take.")
+      .def("__repr__", [](const PhaseCost& c) {
+        return str("PhaseCost(total ", c.totalSeconds, " s = compute ", c.computeSeconds, " + tp ", c.tpSeconds,
+                   " + pp ", c.ppSeconds, " + dp ", c.dpSeconds, ", peak ", c.peakBytes / double(1 << 30), " GiB",
+                   c.fits ? "" : ", does not fit", ")");
+      });
+
   py::class_<CostModel>(m, "CostModel")
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero) {
              CostOptions o;
@@ -447,38 +487,12 @@ PYBIND11_MODULE(_C, m) {
                                     bool allReduce) {
         return c.collectiveSeconds(layout, parseAxis(axis), bytes, allReduce);
       }, py::arg("layout"), py::arg("axis"), py::arg("bytes"), py::arg("all_reduce") = false)
-      .def("terms", [](const CostModel& c, const Layout& layout) {
-        LayoutTerms t = c.terms(layout);
-        py::dict d;
-        d["alpha_compute"] = t.alphaCompute;
-        d["alpha_tp"] = t.alphaTp;
-        d["beta"] = t.beta;
-        d["gamma"] = t.gamma;
-        d["micro_batch_s"] = t.microBatchSeconds;
-        d["micro_batch_tp_s"] = t.microBatchTpSeconds;
-        d["p2p_per_token_s"] = t.p2pPerToken;
-        d["p2p_latency_s"] = t.p2pLatency;
-        d["dp_s"] = t.dpSeconds;
-        return d;
-      }, py::arg("layout"),
-         "The layout's time coefficients in seconds: a sequence of s tokens costs a stage "
-         "(alpha_compute + alpha_tp) * s + beta * s**2 + gamma; a micro-batch adds micro_batch_s.")
-      .def("phase", [](const CostModel& c, const Layout& layout, const PhaseBatches& batches) {
-        PhaseCost p = c.phase(layout, batches);
-        py::dict d;
-        d["compute_s"] = p.computeSeconds;
-        d["tp_s"] = p.tpSeconds;
-        d["pp_s"] = p.ppSeconds;
-        d["dp_s"] = p.dpSeconds;
-        d["total_s"] = p.totalSeconds;
-        d["static_bytes"] = p.staticBytes;
-        d["activation_bytes"] = p.activationBytes;
-        d["peak_bytes"] = p.peakBytes;
-        d["fits"] = p.fits;
-        return d;
-      }, py::arg("layout"), py::arg("batches"),
-         "Predicted time (seconds) and peak memory (bytes) per rank of one phase; batches[replica]"
-         "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
+      .def("terms", &CostModel::terms, py::arg("layout"),
+           "The layout's time coefficients (LayoutTerms, seconds).")
+      .def("phase", py::overload_cast<const Layout&, const PhaseBatches&>(&CostModel::phase, py::const_),
+           py::arg("layout"), py::arg("batches"),
+           "Predicted time (seconds) and peak memory (bytes) per rank of one phase (PhaseCost); batches[replica]"
+           "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
 
   py::class_<SwitchEstimate>(m, "SwitchEstimate")
       .def_static("of", [](const TensorSet& set, const Placement& from, const Placement& to, const Topology& topology) {
@@ -491,27 +505,89 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("total_bytes", &SwitchEstimate::totalBytes)
       .def("seconds", &SwitchEstimate::seconds, py::arg("intra_node_bandwidth"), py::arg("inter_node_bandwidth"));
 
-  auto candidateDict = [](const Planner& p, int i) {
-    HS_CHECK(i >= 0 && i < static_cast<int>(p.candidates().size()), "candidate ", i, " outside [0, ",
-             p.candidates().size(), ")");
-    const CandidateModel& c = p.candidateModel(i);
-    py::dict d;
-    d["layout"] = p.candidates()[i];
-    d["dp"] = c.dp;
-    d["pp"] = c.pp;
-    d["budget"] = c.budget;
-    d["alpha"] = c.terms.alpha();
-    d["beta"] = c.terms.beta;
-    d["gamma"] = c.terms.gamma;
-    d["p2p_per_token_s"] = c.terms.p2pPerToken;
-    d["p2p_latency_s"] = c.terms.p2pLatency;
-    d["micro_batch_s"] = c.terms.microBatchSeconds;
-    d["target_s"] = c.target;
-    d["grad_s"] = c.gradSeconds;
-    d["grad_method"] = gradMethodName(c.gradMethod);
-    d["reduce_s"] = c.reduceSeconds;
-    return d;
-  };
+  py::class_<SequencePiece>(m, "SequencePiece", "Tokens [offset, offset + length) of sequence `sequence`.")
+      .def_readonly("sequence", &SequencePiece::sequence)
+      .def_readonly("offset", &SequencePiece::offset)
+      .def_readonly("length", &SequencePiece::length)
+      .def("__eq__", &SequencePiece::operator==, py::is_operator())
+      .def("__repr__", [](const SequencePiece& q) {
+        return str("SequencePiece(sequence=", q.sequence, ", offset=", q.offset, ", length=", q.length, ")");
+      });
+
+  py::class_<Packing>(m, "Packing")
+      .def_readonly("micro_batches", &Packing::microBatches,
+                    "micro_batches[replica][k]: indices into the plan's pieces, in packing order.")
+      .def_readonly("replica_cost", &Packing::replicaCost,
+                    "Per data-parallel replica, the predicted seconds of its pieces (sum of u(s)).");
+
+  py::class_<PlannedPhase>(m, "PlannedPhase", "One bucket's pieces under one layout, packed into micro-batches.")
+      .def_readonly("candidate", &PlannedPhase::candidate)
+      .def_readonly("layout", &PlannedPhase::layout)
+      .def_readonly("sequences", &PlannedPhase::sequences, "Indices into the plan's pieces.")
+      .def_readonly("packing", &PlannedPhase::packing)
+      .def_readonly("cu_seqlens", &PlannedPhase::cuSeqlens,
+                    "cu_seqlens[replica][k]: [0, l0, l0 + l1, ...] over micro-batch k's pieces.")
+      .def_readonly("cost", &PlannedPhase::cost, "The exact packing's cost; cost.run_seconds is the phase's run.")
+      .def_readonly("estimate_seconds", &PlannedPhase::estimateSeconds)
+      .def_readonly("switch_in_seconds", &PlannedPhase::switchInSeconds)
+      .def_readonly("switch_out_seconds", &PlannedPhase::switchOutSeconds)
+      .def_readonly("grad_seconds", &PlannedPhase::gradSeconds)
+      .def_property_readonly("grad_method", [](const PlannedPhase& ph) { return gradMethodName(ph.gradMethod); },
+                             "\"local\", \"reduce\" or \"partial\"")
+      .def("__repr__", [](const PlannedPhase& ph) {
+        size_t microBatches = 0;
+        for (const auto& replica : ph.packing.microBatches) microBatches += replica.size();
+        return str("PlannedPhase(", ph.layout.name(), ", candidate ", ph.candidate, ": ", ph.sequences.size(),
+                   " pieces in ", microBatches, " micro-batches, run ", ph.cost.runSeconds(), " s, switch in ",
+                   ph.switchInSeconds, " s, grads ", ph.gradSeconds, " s ", gradMethodName(ph.gradMethod), ")");
+      });
+
+  py::class_<StepPlan>(m, "StepPlan", "The ordered phases of one step, with predicted seconds.")
+      .def_readonly("pieces", &StepPlan::pieces)
+      .def_readonly("phases", &StepPlan::phases, "In run order.")
+      .def_readonly("switch_back_seconds", &StepPlan::switchBackSeconds)
+      .def_readonly("total_seconds", &StepPlan::totalSeconds)
+      .def_readonly("objective_seconds", &StepPlan::objectiveSeconds)
+      .def_readonly("program_seconds", &StepPlan::programSeconds)
+      .def_readonly("candidates_used", &StepPlan::candidatesUsed)
+      .def_readonly("single_phase_fallback", &StepPlan::singlePhaseFallback)
+      .def_readonly("best_static_candidate", &StepPlan::bestStaticCandidate)
+      .def_readonly("best_static_seconds", &StepPlan::bestStaticSeconds)
+      .def_readonly("best_static_objective_seconds", &StepPlan::bestStaticObjectiveSeconds)
+      .def("__repr__", [](const StepPlan& plan) {
+        std::string order;
+        for (const PlannedPhase& ph : plan.phases) order += (order.empty() ? "" : " -> ") + ph.layout.name();
+        return str("StepPlan(", plan.pieces.size(), " pieces in ", plan.phases.size(), " phases ", order,
+                   ", total ", plan.totalSeconds, " s; best static candidate ", plan.bestStaticCandidate, ", ",
+                   plan.bestStaticSeconds, " s)");
+      });
+
+  py::class_<CandidateModel>(m, "CandidateModel",
+                             "The objective's view of one candidate: dp, pp, budget (tokens), its terms (u(s) "
+                             "seconds, micro-batch and p2p terms), tau (target, seconds) and g (grad_seconds).")
+      .def_readonly("layout", &CandidateModel::layout)
+      .def_readonly("terms", &CandidateModel::terms)
+      .def_readonly("dp", &CandidateModel::dp)
+      .def_readonly("pp", &CandidateModel::pp)
+      .def_readonly("budget", &CandidateModel::budget)
+      .def_readonly("target", &CandidateModel::target)
+      .def_readonly("grad_seconds", &CandidateModel::gradSeconds)
+      .def_property_readonly("grad_method", [](const CandidateModel& c) { return gradMethodName(c.gradMethod); },
+                             "\"local\", \"reduce\" or \"partial\"")
+      .def_readonly("reduce_seconds", &CandidateModel::reduceSeconds)
+      .def("__repr__", [](const CandidateModel& c) {
+        return str("CandidateModel(", c.layout.name(), ": budget ", c.budget, " tokens, target ", c.target,
+                   " s, grads ", c.gradSeconds, " s ", gradMethodName(c.gradMethod), ")");
+      });
+
+  py::class_<ObjectiveValue>(m, "ObjectiveValue", "The planner's objective J of one assignment, with its parts.")
+      .def_readonly("total_seconds", &ObjectiveValue::totalSeconds)
+      .def_readonly("switch_seconds", &ObjectiveValue::switchSeconds)
+      .def_readonly("phase_seconds", &ObjectiveValue::phaseSeconds, "Per candidate: E + g, 0 when unused.")
+      .def_readonly("order", &ObjectiveValue::order, "Used candidates in run order.")
+      .def("__repr__", [](const ObjectiveValue& v) {
+        return str("ObjectiveValue(total ", v.totalSeconds, " s, switches ", v.switchSeconds, " s)");
+      });
 
   py::class_<Planner>(m, "Planner")
       .def(py::init([](const CostModel& cost, std::vector<Layout> candidates, int home,
@@ -546,74 +622,16 @@ PYBIND11_MODULE(_C, m) {
         return std::string(longSequencesName(p.options().longSequences));
       })
       .def("micro_batch_budget", &Planner::microBatchBudget, py::arg("candidate"))
-      .def("candidate_model", candidateDict, py::arg("candidate"),
-           "The objective's view of one candidate: dp, pp, budget (tokens), u(s) = alpha * s + "
-           "beta * s**2 + gamma seconds, the micro-batch and p2p terms, tau (target_s), and g.")
-      .def("pieces", [](const Planner& p, const std::vector<int64_t>& lengths) {
-        py::list out;
-        for (const SequencePiece& q : p.pieces(lengths)) out.append(py::make_tuple(q.sequence, q.offset, q.length));
-        return out;
-      }, py::arg("lengths"), "(sequence, offset, length) of every piece the plan cuts the lengths into.")
-      .def("objective", [](const Planner& p, const std::vector<int64_t>& pieceLengths,
-                           const std::vector<int>& assignment) {
-        ObjectiveValue v = p.objective(pieceLengths, assignment);
-        py::dict d;
-        d["total_s"] = v.totalSeconds;
-        d["switch_s"] = v.switchSeconds;
-        d["phase_s"] = v.phaseSeconds;
-        d["order"] = v.order;
-        return d;
-      }, py::arg("piece_lengths"), py::arg("assignment"),
-         "The planner's objective J (seconds) of an arbitrary assignment of pieces to candidates.")
-      .def("plan", [](const Planner& p, const std::vector<int64_t>& lengths) {
-        StepPlan plan;
-        {
-          py::gil_scoped_release release;
-          plan = p.plan(lengths);
-        }
-        std::vector<int64_t> pieceLengths;
-        for (const SequencePiece& q : plan.pieces) pieceLengths.push_back(q.length);
-        py::list phases;
-        for (const PlannedPhase& ph : plan.phases) {
-          py::dict d;
-          d["layout"] = ph.layout;
-          d["candidate"] = ph.candidate;
-          d["sequences"] = ph.sequences;
-          d["micro_batches"] = ph.packing.microBatches;
-          py::list cu;
-          for (const auto& replica : ph.packing.microBatches) {
-            py::list r;
-            for (const auto& mb : replica) r.append(Packer::cuSeqlens(pieceLengths, mb));
-            cu.append(r);
-          }
-          d["cu_seqlens"] = cu;
-          d["predicted_s"] = ph.cost.runSeconds();
-          d["estimate_s"] = ph.estimateSeconds;
-          d["compute_s"] = ph.cost.computeSeconds;
-          d["tp_s"] = ph.cost.tpSeconds;
-          d["pp_s"] = ph.cost.ppSeconds;
-          d["peak_bytes"] = ph.cost.peakBytes;
-          d["switch_in_s"] = ph.switchInSeconds;
-          d["switch_out_s"] = ph.switchOutSeconds;
-          d["grad_s"] = ph.gradSeconds;
-          d["grad_method"] = gradMethodName(ph.gradMethod);
-          phases.append(d);
-        }
-        py::list pieces;
-        for (const SequencePiece& q : plan.pieces) pieces.append(py::make_tuple(q.sequence, q.offset, q.length));
-        py::dict out;
-        out["pieces"] = pieces;
-        out["phases"] = phases;
-        out["switch_back_s"] = plan.switchBackSeconds;
-        out["total_s"] = plan.totalSeconds;
-        out["objective_s"] = plan.objectiveSeconds;
-        out["program_s"] = plan.programSeconds;
-        out["candidates_used"] = plan.candidatesUsed;
-        out["single_phase_fallback"] = plan.singlePhaseFallback;
-        out["best_static"] = plan.bestStaticLayout;
-        out["best_static_s"] = plan.bestStaticSeconds;
-        out["best_static_objective_s"] = plan.bestStaticObjectiveSeconds;
-        return out;
-      }, py::arg("lengths"),
-         "Plans one step; see hotswitch.Planner for the keys. Indices refer to the plan's pieces.");
+      .def("candidate_model", [](const Planner& p, int i) {
+        HS_CHECK(i >= 0 && i < static_cast<int>(p.candidates().size()), "candidate ", i, " outside [0, ",
+                 p.candidates().size(), ")");
+        return p.candidateModel(i);
+      }, py::arg("candidate"), "The objective's view of one candidate (a CandidateModel).")
+      .def("pieces", &Planner::pieces, py::arg("lengths"),
+           "The pieces (SequencePiece) the plan cuts the lengths into.")
+      .def("objective", &Planner::objective, py::arg("piece_lengths"), py::arg("assignment"),
+           "The planner's objective J (an ObjectiveValue, seconds) of an arbitrary assignment of pieces to "
+           "candidates.")
+      .def("plan", &Planner::plan, py::arg("lengths"), py::call_guard<py::gil_scoped_release>(),
+           "Plans one step: a StepPlan. Indices refer to the plan's pieces.");
 }

@@ -63,15 +63,6 @@ const char* longSequencesName(LongSequences mode) {
   return "?";
 }
 
-const char* gradMethodName(GradMethod method) {
-  switch (method) {
-    case GradMethod::kInPlace: return "in_place";
-    case GradMethod::kReduceThenSwitch: return "reduce_then_switch";
-    case GradMethod::kSwitchPartial: return "switch_partial";
-  }
-  return "?";
-}
-
 double CandidateModel::microBatchShare(int64_t s) const {
   if (pp == 1) return static_cast<double>(s) / static_cast<double>(budget);
   return target > 0 ? std::min(1.0, terms.u(s) / target) : 1.0;
@@ -121,6 +112,7 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
   for (int i = 0; i < n; ++i) {
     const Layout& l = candidates_[i];
     CandidateModel m;
+    m.layout = l;
     m.terms = cost_.terms(l);  // validates the layout against the model and world
     m.dp = l.dp();
     m.pp = l.pp();
@@ -133,13 +125,13 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
     m.reduceSeconds = m.terms.dpSeconds;
     if (i == home_) {
       m.gradSeconds = m.reduceSeconds;
-      m.gradMethod = GradMethod::kInPlace;
+      m.gradMethod = GradMethod::kLocal;
     } else {
       m.gradSeconds = m.reduceSeconds + switches_.reducedGrads[i];
-      m.gradMethod = GradMethod::kReduceThenSwitch;
+      m.gradMethod = GradMethod::kReduce;
       if (!switches_.partialGrads.empty() && switches_.partialGrads[i] < m.gradSeconds) {
         m.gradSeconds = switches_.partialGrads[i];
-        m.gradMethod = GradMethod::kSwitchPartial;
+        m.gradMethod = GradMethod::kPartial;
       }
     }
     models_.push_back(m);
@@ -324,6 +316,10 @@ PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const
   phase.layout = l;
   phase.sequences = std::move(sequences);
   phase.cost = cost_.phase(l, m.terms, packing.lengths(lengths));
+  for (const auto& replica : packing.microBatches) {
+    auto& cu = phase.cuSeqlens.emplace_back();
+    for (const auto& mb : replica) cu.push_back(Packer::cuSeqlens(lengths, mb));
+  }
   phase.packing = std::move(packing);
   phase.estimateSeconds = agg.estimate(m);
   phase.gradSeconds = m.gradSeconds;
@@ -589,8 +585,8 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
   for (int l = 0; l < L; ++l) {
     if (staticEstimate[l] > bestEstimate * kStaticShortlist) continue;
     const double t = wholeStep(l).cost.totalSeconds;
-    if (out.bestStaticLayout < 0 || t < out.bestStaticSeconds) {
-      out.bestStaticLayout = l;
+    if (out.bestStaticCandidate < 0 || t < out.bestStaticSeconds) {
+      out.bestStaticCandidate = l;
       out.bestStaticSeconds = t;
       out.bestStaticObjectiveSeconds = staticEstimate[l];
     }
@@ -598,7 +594,7 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
 
   // The estimate chose the phases; the exact packing may still favour the whole step in one
   // phase under the home layout or the best static layout.
-  for (int l : {home_, out.bestStaticLayout}) {
+  for (int l : {home_, out.bestStaticCandidate}) {
     if (!options_.exactFallback || l < 0 || models_[l].budget < longest || (out.phases.size() == 1 && out.phases[0].candidate == l)) continue;
     const PlannedPhase& single = wholeStep(l);
     const double total = sw[home_][l] + single.cost.runSeconds() + single.gradSeconds + sw[l][home_];

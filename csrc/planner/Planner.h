@@ -31,10 +31,10 @@
 // short sequences and gave slower plans in simulation.) Reported phase times come from the
 // exact packing.
 //
-// g_l, the phase's gradients into the home accumulator: for the home layout its own
-// reduction over the data group (in place); otherwise the cheaper of reducing over l's data
-// group and switching the reduced gradients home, and switching the unreduced summands home
-// (summed during the switch). C, the parameter switches: the cheapest cycle home -> each used
+// g_l, the phase's gradients into the home accumulator (GradMethod): for the home layout its
+// own reduction over the data group ("local"); otherwise the cheaper of reducing over l's
+// data group and switching the reduced gradients home ("reduce"), and switching the unreduced
+// summands home, summed during the switch ("partial"). C, the parameter switches: the cheapest cycle home -> each used
 // non-home layout once -> home (exact over orders for up to kMaxOrderedLayouts layouts). The
 // home phase, when used, runs first (first or last cost the same).
 //
@@ -71,6 +71,7 @@
 
 #include "planner/CostModel.h"
 #include "planner/Packer.h"
+#include "planner/StepPlan.h"
 
 namespace hotswitch {
 
@@ -78,13 +79,6 @@ enum class LongSequences { kReject = 0, kTruncate, kSplit };
 // "reject", "truncate", "split"; InvalidArgument otherwise.
 LongSequences parseLongSequences(const std::string& name);
 const char* longSequencesName(LongSequences mode);
-
-enum class GradMethod {
-  kInPlace = 0,      // the home layout: reduce(-scatter) over its data group
-  kReduceThenSwitch,  // reduce over the phase's data group, then switch the result home
-  kSwitchPartial,     // switch the unreduced summands home, summed during the switch
-};
-const char* gradMethodName(GradMethod method);
 
 struct PlannerOptions {
   int boundaryCandidates = 128;
@@ -108,22 +102,17 @@ struct SwitchCosts {
   std::vector<double> partialGrads;
 };
 
-// A sequence or a piece of one: tokens [offset, offset + length) of sequence `sequence`.
-struct SequencePiece {
-  int sequence = 0;
-  int64_t offset = 0;
-  int64_t length = 0;
-};
-
-// What the objective knows of one candidate (see above).
+// What the objective knows of one candidate (see above). Bound as hotswitch._C.CandidateModel,
+// with the names of StepPlan.h's rule (terms -> LayoutTerms).
 struct CandidateModel {
+  Layout layout{1, 1, 1};
   LayoutTerms terms;
   int dp = 1;
   int pp = 1;
   int64_t budget = 0;         // B: most tokens per micro-batch; 0: the weights do not fit
   double target = 0;          // tau (pp > 1)
   double gradSeconds = 0;     // g
-  GradMethod gradMethod = GradMethod::kInPlace;
+  GradMethod gradMethod = GradMethod::kLocal;
   double reduceSeconds = 0;   // its own reduction over the data group
 
   // m(s): the micro-batches one sequence accounts for.
@@ -132,37 +121,7 @@ struct CandidateModel {
   double estimate(double work, double maxU, double maxV, double microBatches) const;
 };
 
-struct PlannedPhase {
-  int candidate = 0;
-  Layout layout{1, 1, 1};
-  std::vector<int> sequences;  // indices into StepPlan::pieces
-  Packing packing;             // indices into StepPlan::pieces
-  PhaseCost cost;              // exact packing; cost.runSeconds() is the phase's run time
-  double estimateSeconds = 0;  // E
-  double switchInSeconds = 0;  // parameters from the previous phase's layout (home first)
-  double switchOutSeconds = 0;  // parameters to the next phase's layout (home after the last)
-  double gradSeconds = 0;
-  GradMethod gradMethod = GradMethod::kInPlace;
-};
-
-struct StepPlan {
-  std::vector<SequencePiece> pieces;
-  std::vector<PlannedPhase> phases;  // in run order
-  double switchBackSeconds = 0;      // parameters back into the home layout
-  // sum over phases of (switch in + run + grad) + switch back, from the exact packing.
-  double totalSeconds = 0;
-  double objectiveSeconds = 0;  // J of the plan's assignment
-  double programSeconds = 0;    // J_DP of the dynamic program's optimum (>= objectiveSeconds)
-  int candidatesUsed = 0;       // candidates left after dropping dominated ones
-  bool singlePhaseFallback = false;  // one phase under home or best static beat the program's plan
-  // The single layout that holds the longest piece and is fastest over the whole batch, run
-  // as its own home (no switches; its own gradient reduction): what a Megatron-LM user runs.
-  int bestStaticLayout = -1;  // index into the candidates
-  double bestStaticSeconds = 0;           // exact packing
-  double bestStaticObjectiveSeconds = 0;  // E + its reduction
-};
-
-// J of one assignment, with its parts.
+// J of one assignment, with its parts. Bound as hotswitch._C.ObjectiveValue (StepPlan.h's rule).
 struct ObjectiveValue {
   double totalSeconds = 0;
   double switchSeconds = 0;           // C

@@ -222,7 +222,7 @@ class Runtime:
     def _home(self, home, free) -> "_C.Layout":
         names = [l.name for l in self.candidates]
         if home is None:
-            return self.candidates[free.plan([self.max_context])["best_static"]]
+            return self.candidates[free.plan([self.max_context]).best_static_candidate]
         layout = Layout.parse(home) if isinstance(home, str) else home
         if not isinstance(layout, _C.Layout) or layout.name not in names:
             raise ValueError(f"home layout {home!r} is not among the candidates {names}")
@@ -390,8 +390,8 @@ class Runtime:
         loss_sum = torch.zeros(1, dtype=torch.float64)
         phases: List[PhaseResult] = []
         current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
-        for k, ph in enumerate(plan["phases"]):
-            layout = ph["layout"]
+        for k, ph in enumerate(plan.phases):
+            layout = ph.layout
             t0 = time.perf_counter()
             params, moved = self._enter(k, layout, current, current_layout)
             switch_s = time.perf_counter() - t0
@@ -403,7 +403,7 @@ class Runtime:
             self._stage = (f"phase {k} ({layout.name}): forward and backward of data replica {coord.dp_rank} "
                            f"(tp ranks {coord.tp_ranks}, pp ranks {coord.pp_ranks})")
             mbs = [MicroBatch.from_sequences([tensors[i] for i in mb])
-                   for mb in ph["micro_batches"][coord.dp_rank]]
+                   for mb in ph.packing.micro_batches[coord.dp_rank]]
             t0 = time.perf_counter()
             replica_loss, _ = model.forward_backward(mbs, loss_scale, before_forward=self._before_forward)
             model.finish_gradients()
@@ -420,8 +420,8 @@ class Runtime:
             # The home phase's own data-parallel reduction is part of running it, not a switch.
             switch_total += switch_s + (grad_s if method != "local" else 0.0)
             switch_bytes += moved + grad_bytes
-            tokens = sum(lengths[i] for i in ph["sequences"])
-            phases.append(PhaseResult(layout.name, len(ph["sequences"]), tokens, len(mbs), ph["predicted_s"],
+            tokens = sum(lengths[i] for i in ph.sequences)
+            phases.append(PhaseResult(layout.name, len(ph.sequences), tokens, len(mbs), ph.cost.run_seconds,
                                       compute_s, switch_s, moved, grad_s, grad_bytes, method))
         if current_layout is not None:
             self._release(self._models[current_layout.name])
@@ -466,7 +466,7 @@ class Runtime:
         seconds = time.perf_counter() - start
         # Everything but the optimizer is the slowest rank's; the optimizer runs alike everywhere.
         measured = float(times[0]) + optimizer_s
-        predicted = plan["total_s"] + self._overhead_s
+        predicted = plan.total_seconds + self._overhead_s
         error = abs(predicted - measured) / measured
         self.prediction_errors.append(error)
         self.step += 1
@@ -479,8 +479,8 @@ class Runtime:
             step=self.step, loss=loss, skipped=skipped, tokens=sum(lengths), targets=targets,
             seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
             optimizer_seconds=optimizer_s, predicted_s=predicted,
-            best_static=self.candidates[plan["best_static"]].name,
-            best_static_predicted_s=plan["best_static_s"] + self._overhead_s, phases=phases,
+            best_static=self.candidates[plan.best_static_candidate].name,
+            best_static_predicted_s=plan.best_static_seconds + self._overhead_s, phases=phases,
             grad_norm=grad_norm, lr=lr)
 
     def _enter(self, k: int, layout, current, current_layout):
@@ -524,14 +524,14 @@ class Runtime:
         plan = self.planner.plan(lengths)
         loss_sum = torch.zeros(1, dtype=torch.float64)
         current, current_layout = None, None
-        for k, ph in enumerate(plan["phases"]):
-            layout = ph["layout"]
+        for k, ph in enumerate(plan.phases):
+            layout = ph.layout
             params, _ = self._enter(k, layout, current, current_layout)
             model = self._model(layout, params)
             current, current_layout = params, layout
             coord = self.groups[layout.name]
             self._stage = f"evaluation phase {k} ({layout.name}): forward of data replica {coord.dp_rank}"
-            mbs = [MicroBatch.from_sequences([tensors[i] for i in mb]) for mb in ph["micro_batches"][coord.dp_rank]]
+            mbs = [MicroBatch.from_sequences([tensors[i] for i in mb]) for mb in ph.packing.micro_batches[coord.dp_rank]]
             replica_loss, _ = model.forward_loss(mbs)
             if coord.tp_rank == 0 and coord.pp_rank == 0:
                 loss_sum += replica_loss
@@ -567,13 +567,13 @@ class Runtime:
         if self.calibration is None or self.step < 2:
             return
         parts = times[2:]
-        for k, ph in enumerate(plan["phases"]):
+        for k, ph in enumerate(plan.phases):
             compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
-            batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph["micro_batches"]]
-            self.calibration.observe_phase(ph["layout"], batches, compute_s)
+            batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph.packing.micro_batches]
+            self.calibration.observe_phase(ph.layout, batches, compute_s)
             # Planned at the current scale; the home phase's own reduction is planned as 0.
-            self.calibration.observe_switch(ph["switch_in_s"] / self._switch_scale, switch_s)
-            self.calibration.observe_switch(ph["grad_s"] / self._switch_scale, grad_s)
+            self.calibration.observe_switch(ph.switch_in_seconds / self._switch_scale, switch_s)
+            self.calibration.observe_switch(ph.grad_seconds / self._switch_scale, grad_s)
         self.calibration.observe_overhead(times[0] - sum(parts) + (times[1] if self.step > 2 else 0.0))
         fit = self.calibration.fit(self.hardware)
         if fit is None:
@@ -605,18 +605,18 @@ class Runtime:
     def _grads_home(self, model, layout, ph):
         """This phase's gradients as home-layout tensors (the home placement's shards or ZeRO
         flat buffer), summed over the phase's data replicas; (grads, method, bytes moved)."""
-        method = self.grad_method
-        if method == "auto":
-            method = {"switch_partial": "partial", "reduce_then_switch": "reduce"}.get(ph["grad_method"], "partial")
+        method = ph.grad_method if self.grad_method == "auto" else self.grad_method
         if layout.name == self.home.name and not self.zero:
             model.reduce_gradients()
             return {n: g.clone() for n, g in model.grad_shards().items()}, "local", 0
         if method == "reduce":
             model.reduce_gradients()
             r = self._switch(model.grad_shards(), layout, self.home, dst_kind=self.home_placement)
-        else:
-            r = self._switch(model.grad_shards(), layout, self.home, src_kind="partial", dst_kind=self.home_placement)
-        return r.shards, method, r.stats["bytes_moved"]
+            return r.shards, "reduce", r.stats["bytes_moved"]
+        # The summands, summed by the switch; under ZeRO also the home phase's own ("local")
+        # reduction, which lands in its shards the same way.
+        r = self._switch(model.grad_shards(), layout, self.home, src_kind="partial", dst_kind=self.home_placement)
+        return r.shards, "partial", r.stats["bytes_moved"]
 
     def _grad_norm(self, accumulator) -> float:
         """The global L2 norm of the step's gradients (the home accumulator), every element

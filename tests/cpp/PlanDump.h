@@ -112,7 +112,7 @@ inline std::string dumpStepPlan(const StepPlan& plan) {
   }
   os << "back " << plan.switchBackSeconds << " total " << plan.totalSeconds << " objective " << plan.objectiveSeconds
      << " program " << plan.programSeconds << " used " << plan.candidatesUsed << " fallback "
-     << plan.singlePhaseFallback << " static " << plan.bestStaticLayout << ' ' << plan.bestStaticSeconds << ' '
+     << plan.singlePhaseFallback << " static " << plan.bestStaticCandidate << ' ' << plan.bestStaticSeconds << ' '
      << plan.bestStaticObjectiveSeconds << '\n';
   return os.str();
 }

@@ -54,16 +54,24 @@ TEST(PlannerTest, PlansCoverEverySequenceWithinMemory) {
     for (const PlannedPhase& phase : plan.phases) {
       EXPECT_TRUE(phase.cost.fits) << phase.layout.name();
       EXPECT_LE(phase.cost.peakBytes, s.cost.hardware().memoryBytes);
-      for (const auto& replica : phase.packing.microBatches) {
-        for (const auto& mb : replica) {
-          for (int i : mb) ++seen[i];
+      ASSERT_EQ(phase.cuSeqlens.size(), phase.packing.microBatches.size());
+      for (size_t r = 0; r < phase.packing.microBatches.size(); ++r) {
+        const auto& replica = phase.packing.microBatches[r];
+        ASSERT_EQ(phase.cuSeqlens[r].size(), replica.size());
+        for (size_t k = 0; k < replica.size(); ++k) {
+          std::vector<int64_t> cu{0};
+          for (int i : replica[k]) {
+            ++seen[i];
+            cu.push_back(cu.back() + plan.pieces[i].length);
+          }
+          EXPECT_EQ(phase.cuSeqlens[r][k], cu);
         }
       }
       total += phase.switchInSeconds + phase.cost.runSeconds() + phase.gradSeconds;
     }
     for (int c : seen) EXPECT_EQ(c, 1);
     EXPECT_NEAR(plan.totalSeconds, total, 1e-9);
-    ASSERT_GE(plan.bestStaticLayout, 0);
+    ASSERT_GE(plan.bestStaticCandidate, 0);
     // The home layout cannot hold the outlier, so static runs elsewhere; the plan may switch
     // but its objective never loses to static's by more than a round trip of switches and
     // the gradients' switch.
@@ -153,15 +161,15 @@ TEST(PlannerTest, ObjectiveByHand) {
 TEST(PlannerTest, GradientsTakeTheCheaperMethod) {
   // Partial summands cost 0.1 for tp2 (cheaper than 0 + 0.3) and 0.9 for pp2 (dearer than 0 + 0.2).
   Planner p = tinyPlanner(uniformSwitches(3, 0.5), {0, 0.3, 0.2}, {0, 0.1, 0.9});
-  EXPECT_EQ(p.candidateModel(0).gradMethod, GradMethod::kInPlace);
+  EXPECT_EQ(p.candidateModel(0).gradMethod, GradMethod::kLocal);
   EXPECT_NEAR(p.candidateModel(0).gradSeconds, p.candidateModel(0).reduceSeconds, 1e-12);
-  EXPECT_EQ(p.candidateModel(1).gradMethod, GradMethod::kSwitchPartial);
+  EXPECT_EQ(p.candidateModel(1).gradMethod, GradMethod::kPartial);
   EXPECT_DOUBLE_EQ(p.candidateModel(1).gradSeconds, 0.1);
-  EXPECT_EQ(p.candidateModel(2).gradMethod, GradMethod::kReduceThenSwitch);
+  EXPECT_EQ(p.candidateModel(2).gradMethod, GradMethod::kReduce);
   EXPECT_DOUBLE_EQ(p.candidateModel(2).gradSeconds, 0.2);  // tp1 pp2 dp1: no reduction
   // Without the partial option, reduce then switch.
   Planner q = tinyPlanner(uniformSwitches(3, 0.5), {0, 0.3, 0.2}, {});
-  EXPECT_EQ(q.candidateModel(1).gradMethod, GradMethod::kReduceThenSwitch);
+  EXPECT_EQ(q.candidateModel(1).gradMethod, GradMethod::kReduce);
   EXPECT_DOUBLE_EQ(q.candidateModel(1).gradSeconds, 0.3);
 }
 

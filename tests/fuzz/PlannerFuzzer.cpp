@@ -184,14 +184,25 @@ void checkPlan(const Input& x, const Planner& planner, const StepPlan& plan) {
       ++inPhase[i];
       phaseOf[i] = c;
     }
-    for (const auto& replica : phase.packing.microBatches) {
-      for (const auto& mb : replica) {
+    FUZZ_CHECK(phase.cuSeqlens.size() == phase.packing.microBatches.size(), "cu_seqlens of ",
+               phase.cuSeqlens.size(), " replicas under ", phase.layout.name());
+    for (size_t r = 0; r < phase.packing.microBatches.size(); ++r) {
+      const auto& replica = phase.packing.microBatches[r];
+      FUZZ_CHECK(phase.cuSeqlens[r].size() == replica.size(), "cu_seqlens of ", phase.cuSeqlens[r].size(),
+                 " micro-batches for ", replica.size());
+      for (size_t k = 0; k < replica.size(); ++k) {
+        const auto& mb = replica[k];
+        const auto& cu = phase.cuSeqlens[r][k];
         FUZZ_CHECK(!mb.empty(), "an empty micro-batch under ", phase.layout.name());
+        FUZZ_CHECK(cu.size() == mb.size() + 1 && cu[0] == 0, "cu_seqlens of ", cu.size(), " entries for ",
+                   mb.size(), " pieces");
         int64_t tokens = 0;
-        for (int i : mb) {
+        for (size_t j = 0; j < mb.size(); ++j) {
+          const int i = mb[j];
           FUZZ_CHECK(i >= 0 && i < n && phaseOf[i] == c, "piece ", i, " packed outside its phase");
           ++inBatch[i];
           tokens += plan.pieces[i].length;
+          FUZZ_CHECK(cu[j + 1] == tokens, "cu_seqlens ", cu[j + 1], " after ", tokens, " tokens");
         }
         FUZZ_CHECK(tokens <= planner.microBatchBudget(c), "micro-batch of ", tokens, " tokens under ",
                    phase.layout.name(), ", budget ", planner.microBatchBudget(c));

@@ -21,20 +21,23 @@ from typing import List, Optional, Sequence
 
 import pulp
 
+from hotswitch import _C
+
 __all__ = ["CBC_PATH", "piece_terms", "solve"]
 
 CBC_PATH = "/usr/bin/cbc"
 
 
-def piece_terms(model: dict, s: int):
+def piece_terms(model: "_C.CandidateModel", s: int):
     """(u, v, m) of a piece of ``s`` tokens under a candidate (``Planner.candidate_model``): its
     seconds on a stage, those plus its stage transfers, and its share of a micro-batch."""
-    u = model["alpha"] * s + model["beta"] * s * s + model["gamma"]
-    v = u + 2.0 * model["p2p_per_token_s"] * s
-    if model["pp"] == 1:
-        m = s / model["budget"]
+    t = model.terms
+    u = t.alpha * s + t.beta * s * s + t.gamma
+    v = u + 2.0 * t.p2p_per_token * s
+    if model.pp == 1:
+        m = s / model.budget
     else:
-        m = min(1.0, u / model["target_s"]) if model["target_s"] > 0 else 1.0
+        m = min(1.0, u / model.target) if model.target > 0 else 1.0
     return u, v, m
 
 
@@ -58,9 +61,9 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
     for i, s in enumerate(lengths):
         if s < 1:
             raise ValueError(f"piece {i} has length {s}, expected >= 1")
-        if all(m["budget"] < s for m in models):
+        if all(m.budget < s for m in models):
             raise ValueError(f"piece {i} of length {s} fits no candidate; the longest that fits is "
-                             f"{max(m['budget'] for m in models)} tokens")
+                             f"{max(m.budget for m in models)} tokens")
     n = len(lengths)
     sw = planner.switch_seconds
 
@@ -68,7 +71,7 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
     x, terms = {}, {}
     for l, m in enumerate(models):
         for i, s in enumerate(lengths):
-            if s <= m["budget"]:
+            if s <= m.budget:
                 x[i, l] = pulp.LpVariable(f"x_{i}_{l}", cat="Binary")
                 terms[i, l] = piece_terms(m, s)
     y = [pulp.LpVariable(f"y_{l}", cat="Binary") for l in range(L)]
@@ -82,13 +85,13 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
         if not mine:
             prob += y[l] == 0, f"unused_{l}"
             continue
-        dp, pp, o = m["dp"], m["pp"], m["micro_batch_s"]
+        dp, pp, o = m.dp, m.pp, m.terms.micro_batch_seconds
         per_replica = pulp.lpSum(terms[i, l][0] * x[i, l] for i in mine) * (1.0 / dp)
         work = pulp.LpVariable(f"R_{l}", lowBound=0)
         prob += work >= per_replica, f"work_avg_{l}"
         for i in mine:
             prob += work >= terms[i, l][0] * x[i, l], f"work_max_{i}_{l}"
-        phase = [work, m["grad_s"] * y[l]]
+        phase = [work, m.grad_seconds * y[l]]
         if o > 0:
             fixed = pulp.LpVariable(f"O_{l}", lowBound=0)
             prob += fixed >= o * y[l], f"mb_one_{l}"
@@ -98,7 +101,7 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
             bubble = pulp.LpVariable(f"B_{l}", lowBound=0)
             for i in mine:
                 prob += bubble >= terms[i, l][1] * x[i, l], f"bubble_max_{i}_{l}"
-            tau = m["target_s"]
+            tau = m.target
             if tau > 0:
                 # bubble >= min(W / dp, tau): z picks which side binds.
                 z = pulp.LpVariable(f"z_{l}", cat="Binary")
@@ -106,7 +109,7 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
                 prob += bubble >= tau * z, f"bubble_tau_{l}"
                 prob += bubble >= per_replica - big * z, f"bubble_avg_{l}"
             phase.append((pp - 1) * bubble)
-            phase.append((pp - 1) * (o + 2.0 * m["p2p_latency_s"]) * y[l])
+            phase.append((pp - 1) * (o + 2.0 * m.terms.p2p_latency) * y[l])
         objective.extend(phase)
 
     # The switch tour: home -> each used non-home layout once -> home.

@@ -2,12 +2,13 @@
 
 from typing import List, Optional
 
+from hotswitch import _C
 from hotswitch.analysis.simulate import switch_share
 
 __all__ = ["plot_metrics", "plot_step"]
 
 
-def plot_step(plan: dict, planner, path: str, title: Optional[str] = None) -> None:
+def plot_step(plan: "_C.StepPlan", planner: "_C.Planner", path: str, title: Optional[str] = None) -> None:
     """Draws one step plan to the PNG file ``path``.
 
     Top: the histogram of the step's piece lengths (tokens, log scale), each phase's length
@@ -22,10 +23,10 @@ def plot_step(plan: dict, planner, path: str, title: Optional[str] = None) -> No
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    pieces = plan["pieces"]
-    lengths = [p[2] for p in pieces]
-    names = sorted({ph["layout"].name for ph in plan["phases"]} |
-                   {planner.candidates[plan["best_static"]].name})
+    pieces = plan.pieces
+    lengths = [p.length for p in pieces]
+    names = sorted({ph.layout.name for ph in plan.phases} |
+                   {planner.candidates[plan.best_static_candidate].name})
     palette = plt.get_cmap("tab10")
     colour = {n: palette(i % 10) for i, n in enumerate(names)}
 
@@ -34,42 +35,42 @@ def plot_step(plan: dict, planner, path: str, title: Optional[str] = None) -> No
     bins = [lo * (hi / lo) ** (k / 40) for k in range(41)] if hi > lo else [lo * 0.9, hi * 1.1]
     hist.hist(lengths, bins=bins, color="0.35", zorder=3)
     hist.set_xscale("log")
-    for ph in plan["phases"]:
-        ls = [lengths[i] for i in ph["sequences"]]
-        hist.axvspan(min(ls), max(ls), color=colour[ph["layout"].name], alpha=0.3, zorder=1)
-        hist.axvline(max(ls), color=colour[ph["layout"].name], lw=1.5, zorder=2)
+    for ph in plan.phases:
+        ls = [lengths[i] for i in ph.sequences]
+        hist.axvspan(min(ls), max(ls), color=colour[ph.layout.name], alpha=0.3, zorder=1)
+        hist.axvline(max(ls), color=colour[ph.layout.name], lw=1.5, zorder=2)
     hist.set_xlabel("piece length (tokens)")
     hist.set_ylabel("pieces")
-    hist.legend(handles=[Patch(color=colour[ph["layout"].name], alpha=0.5,
-                               label=f"{ph['layout'].name}: {len(ph['sequences'])} pieces")
-                         for ph in plan["phases"]], loc="upper right")
-    hist.set_title(title or f"{len(lengths)} pieces, {len(plan['phases'])} phases, predicted "
-                            f"{plan['total_s']:.2f} s vs best static {plan['best_static_s']:.2f} s")
+    hist.legend(handles=[Patch(color=colour[ph.layout.name], alpha=0.5,
+                               label=f"{ph.layout.name}: {len(ph.sequences)} pieces")
+                         for ph in plan.phases], loc="upper right")
+    hist.set_title(title or f"{len(lengths)} pieces, {len(plan.phases)} phases, predicted "
+                            f"{plan.total_seconds:.2f} s vs best static {plan.best_static_seconds:.2f} s")
 
     t = 0.0
-    for ph in plan["phases"]:
-        name = ph["layout"].name
-        if ph["switch_in_s"] > 0:
-            line.barh(1, ph["switch_in_s"], left=t, color="0.6", edgecolor="black")
-            t += ph["switch_in_s"]
-        line.barh(1, ph["predicted_s"], left=t, color=colour[name], edgecolor="black")
-        line.text(t + ph["predicted_s"] / 2, 1, name, ha="center", va="center", fontsize=8)
-        t += ph["predicted_s"]
-        if ph["grad_s"] > 0:
-            line.barh(1, ph["grad_s"], left=t, color=colour[name], hatch="//", edgecolor="black", alpha=0.6)
-            t += ph["grad_s"]
-    if plan["switch_back_s"] > 0:
-        line.barh(1, plan["switch_back_s"], left=t, color="0.6", edgecolor="black")
-    static = planner.candidates[plan["best_static"]].name
-    line.barh(0, plan["best_static_s"], color=colour[static], edgecolor="black")
-    line.text(plan["best_static_s"] / 2, 0, static, ha="center", va="center", fontsize=8)
+    for ph in plan.phases:
+        name = ph.layout.name
+        if ph.switch_in_seconds > 0:
+            line.barh(1, ph.switch_in_seconds, left=t, color="0.6", edgecolor="black")
+            t += ph.switch_in_seconds
+        line.barh(1, ph.cost.run_seconds, left=t, color=colour[name], edgecolor="black")
+        line.text(t + ph.cost.run_seconds / 2, 1, name, ha="center", va="center", fontsize=8)
+        t += ph.cost.run_seconds
+        if ph.grad_seconds > 0:
+            line.barh(1, ph.grad_seconds, left=t, color=colour[name], hatch="//", edgecolor="black", alpha=0.6)
+            t += ph.grad_seconds
+    if plan.switch_back_seconds > 0:
+        line.barh(1, plan.switch_back_seconds, left=t, color="0.6", edgecolor="black")
+    static = planner.candidates[plan.best_static_candidate].name
+    line.barh(0, plan.best_static_seconds, color=colour[static], edgecolor="black")
+    line.text(plan.best_static_seconds / 2, 0, static, ha="center", va="center", fontsize=8)
     line.set_yticks([0, 1])
     line.set_yticklabels(["best static", "hot switching"])
     line.set_xlabel("predicted seconds")
     line.legend(handles=[Patch(color="0.6", label="parameter switch"),
                          Patch(facecolor="white", hatch="//", edgecolor="black", label="gradients home")],
                 loc="lower right")
-    line.set_xlim(0, 1.02 * max(plan["total_s"], plan["best_static_s"]))
+    line.set_xlim(0, 1.02 * max(plan.total_seconds, plan.best_static_seconds))
     line.set_title(f"timeline: {switch_share(plan, planner):.3f} s of switching (grey, hatched)", fontsize=10)
     fig.tight_layout()
     try:

@@ -12,16 +12,16 @@ from hotswitch import _C
 __all__ = ["simulate", "switch_share"]
 
 
-def switch_share(plan: dict, planner: "_C.Planner") -> float:
+def switch_share(plan: "_C.StepPlan", planner: "_C.Planner") -> float:
     """Seconds of a step plan spent switching: parameters in and back, and the gradients'
     switches (beyond the phase's own reduction)."""
-    total = plan["switch_back_s"]
-    for ph in plan["phases"]:
-        total += ph["switch_in_s"]
-        if ph["grad_method"] == "reduce_then_switch":
-            total += ph["grad_s"] - planner.candidate_model(ph["candidate"])["reduce_s"]
-        elif ph["grad_method"] == "switch_partial":
-            total += ph["grad_s"]
+    total = plan.switch_back_seconds
+    for ph in plan.phases:
+        total += ph.switch_in_seconds
+        if ph.grad_method == "reduce":
+            total += ph.grad_seconds - planner.candidate_model(ph.candidate).reduce_seconds
+        elif ph.grad_method == "partial":
+            total += ph.grad_seconds
     return total
 
 
@@ -42,17 +42,17 @@ def simulate(planner, lengths: Sequence[int], steps: int, global_batch: int, see
     for _ in range(steps):
         step = [rng.choice(lengths) for _ in range(global_batch)]
         pieces = planner.pieces(step)
-        out["tokens"] += sum(p[2] for p in pieces)
+        out["tokens"] += sum(p.length for p in pieces)
         t0 = time.perf_counter()
         planned = planner.plan(step)
         times.append(time.perf_counter() - t0)
-        out["hot_s"] += planned["total_s"]
-        out["static_s"] += planned["best_static_s"]
+        out["hot_s"] += planned.total_seconds
+        out["static_s"] += planned.best_static_seconds
         out["switch_s"] += switch_share(planned, planner)
-        for ph in planned["phases"]:
-            out["layouts"][ph["layout"].name] = out["layouts"].get(ph["layout"].name, 0) + 1
+        for ph in planned.phases:
+            out["layouts"][ph.layout.name] = out["layouts"].get(ph.layout.name, 0) + 1
         if free is not None:
-            out["free_s"] += free.plan(step)["total_s"]
+            out["free_s"] += free.plan(step).total_seconds
     times.sort()
     out["plan_ms"] = times[len(times) // 2] * 1e3 if times else 0.0
     return out

@@ -222,8 +222,8 @@ def _compute_row(cost: "_C.CostModel", layout: "_C.Layout", pack: Sequence[int])
     t = cost.terms(layout)
     n = float(sum(pack))
     squares = float(sum(s * s for s in pack))
-    return [t["alpha_compute"] * n, t["beta"] * squares, t["gamma"] * len(pack),
-            t["micro_batch_s"] - t["micro_batch_tp_s"]]
+    return [t.alpha_compute * n, t.beta * squares, t.gamma * len(pack),
+            t.micro_batch_seconds - t.micro_batch_tp_seconds]
 
 
 def _comm_row(cost_bw: "_C.CostModel", cost_both: "_C.CostModel", kind: str, layout: "_C.Layout",
@@ -243,8 +243,7 @@ def _predict(cost: "_C.CostModel", key: tuple, world: int) -> float:
     if kind == "forward_backward":
         # Every data replica runs the same micro-batches (each rank timed its own).
         batches = [[list(m) for m in what]] * layout.dp
-        p = cost.phase(layout, batches)
-        return p["total_s"] - p["dp_s"]
+        return cost.phase(layout, batches).run_seconds
     if kind == "p2p":
         hw = cost.hardware
         return what / hw.intra_node_bandwidth + hw.intra_node_latency

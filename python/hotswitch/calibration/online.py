@@ -121,8 +121,7 @@ class OnlineCalibration:
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero)
         out = []
         for layout, batches, _ in self.phases:
-            p = cost.phase(layout, batches)
-            out.append(p["total_s"] - p["dp_s"])
+            out.append(cost.phase(layout, batches).run_seconds)
         return np.array(out)
 
     def fit(self, hardware) -> Optional[Fit]:

@@ -25,22 +25,22 @@ __all__ = ["main"]
 
 
 def _table(plan, planner) -> str:
-    pieces = plan["pieces"]
+    pieces = plan.pieces
     rows = [f"{'phase':<6}{'layout':<12}{'seqs':>6}{'lengths':>14}{'micro-b':>9}{'pred s':>9}{'est s':>9}"
             f"{'peak GiB':>9}{'switch in':>10}{'grad s':>9}  grad method"]
-    for k, ph in enumerate(plan["phases"]):
-        ls = [pieces[i][2] for i in ph["sequences"]]
-        mbs = sum(len(r) for r in ph["micro_batches"])
-        rows.append(f"{k:<6}{ph['layout'].name:<12}{len(ls):>6}{f'{min(ls)}-{max(ls)}':>14}{mbs:>9}"
-                    f"{ph['predicted_s']:>9.3f}{ph['estimate_s']:>9.3f}{ph['peak_bytes'] / 2**30:>9.1f}"
-                    f"{ph['switch_in_s']:>10.3f}{ph['grad_s']:>9.3f}  {ph['grad_method']}")
-    static = planner.candidates[plan["best_static"]].name
-    order = " -> ".join(ph["layout"].name for ph in plan["phases"])
-    rows.append(f"order {order} (home {planner.candidates[planner.home].name}); switch back {plan['switch_back_s']:.3f} s; switching "
+    for k, ph in enumerate(plan.phases):
+        ls = [pieces[i].length for i in ph.sequences]
+        mbs = sum(len(r) for r in ph.packing.micro_batches)
+        rows.append(f"{k:<6}{ph.layout.name:<12}{len(ls):>6}{f'{min(ls)}-{max(ls)}':>14}{mbs:>9}"
+                    f"{ph.cost.run_seconds:>9.3f}{ph.estimate_seconds:>9.3f}{ph.cost.peak_bytes / 2**30:>9.1f}"
+                    f"{ph.switch_in_seconds:>10.3f}{ph.grad_seconds:>9.3f}  {ph.grad_method}")
+    static = planner.candidates[plan.best_static_candidate].name
+    order = " -> ".join(ph.layout.name for ph in plan.phases)
+    rows.append(f"order {order} (home {planner.candidates[planner.home].name}); switch back {plan.switch_back_seconds:.3f} s; switching "
                 f"{switch_share(plan, planner):.3f} s of the step")
-    rows.append(f"predicted step {plan['total_s']:.3f} s (objective {plan['objective_s']:.3f} s); "
-                f"best static {static}: {plan['best_static_s']:.3f} s; "
-                f"speedup {plan['best_static_s'] / plan['total_s']:.2f}x")
+    rows.append(f"predicted step {plan.total_seconds:.3f} s (objective {plan.objective_seconds:.3f} s); "
+                f"best static {static}: {plan.best_static_seconds:.3f} s; "
+                f"speedup {plan.best_static_seconds / plan.total_seconds:.2f}x")
     return "\n".join(rows)
 
 
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         n = len(candidates)
         probe = _C.Planner(cost, candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, **options)
         try:
-            home = probe.plan([min(l, args.max_context) for l in batch] + [args.max_context])["best_static"]
+            home = probe.plan([min(l, args.max_context) for l in batch] + [args.max_context]).best_static_candidate
         except ValueError as e:
             parser.error(str(e))
     planner = build_planner(model, hardware, topology, candidates, home, method=args.switch_costs, **options)
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         parser.error(str(e))
     elapsed = time.perf_counter() - t0
     print(_table(plan, planner))
-    print(f"planned in {elapsed * 1e3:.1f} ms ({plan['candidates_used']} of {len(candidates)} layouts "
+    print(f"planned in {elapsed * 1e3:.1f} ms ({plan.candidates_used} of {len(candidates)} layouts "
           f"after dropping dominated ones)")
     if args.plot:
         from hotswitch.analysis.plots import plot_step

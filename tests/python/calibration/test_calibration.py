@@ -76,7 +76,7 @@ def test_profile_round_trips_and_plans_like_a_preset(calibrated, tmp_path, capsy
     layouts = [hs.Layout.parse(n) for n in ("dp2", "tp2", "pp2")]
     planner = build_planner(model, loaded, hs.Topology(2, 2), layouts, 0)
     plan = planner.plan([5, 17, 64, 200, 31])
-    assert plan["total_s"] > 0 and plan["phases"]
+    assert plan.total_seconds > 0 and plan.phases
 
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(str(n) for n in [1, 97, 300, 512, 1025, 4096, 7919] * 8) + "\n")

@@ -29,8 +29,7 @@ def _calibration(truth):
     cost = hs.CostModel(cfg, truth, topology)
     for name, batches in BATCHES:
         layout = hs.Layout.parse(name)
-        p = cost.phase(layout, batches)
-        cal.observe_phase(layout, batches, p["total_s"] - p["dp_s"])
+        cal.observe_phase(layout, batches, cost.phase(layout, batches).run_seconds)
     cal.observe_switch(0.01, 0.03)
     cal.observe_switch(0.02, 0.06)
     cal.observe_overhead(0.005)

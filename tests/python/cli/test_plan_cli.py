@@ -102,15 +102,17 @@ def test_planner_splits_long_sequences_into_pieces():
     layouts = [hs.Layout.parse(n) for n in ["dp8", "dp2tp4", "tp8"]]
     planner = build_planner(model, hardware, topology, layouts, 0, max_context=1000, long_sequences="split")
     plan = planner.plan([2500, 30, 1000])
-    assert plan["pieces"] == [(0, 0, 1000), (0, 1000, 1000), (0, 2000, 500), (1, 0, 30), (2, 0, 1000)]
-    placed = sorted(i for ph in plan["phases"] for r in ph["micro_batches"] for mb in r for i in mb)
+    pieces = [(p.sequence, p.offset, p.length) for p in plan.pieces]
+    assert pieces == [(0, 0, 1000), (0, 1000, 1000), (0, 2000, 500), (1, 0, 30), (2, 0, 1000)]
+    assert plan.pieces == planner.pieces([2500, 30, 1000])
+    placed = sorted(i for ph in plan.phases for r in ph.packing.micro_batches for mb in r for i in mb)
     assert placed == [0, 1, 2, 3, 4]
-    for ph in plan["phases"]:
-        assert len(ph["micro_batches"]) == len(ph["cu_seqlens"])
-        for replica, cus in zip(ph["micro_batches"], ph["cu_seqlens"]):
-            assert len(replica) == len(cus)
+    for ph in plan.phases:
+        assert len(ph.cu_seqlens) == len(ph.packing.micro_batches)
+        for replica, cus in zip(ph.packing.micro_batches, ph.cu_seqlens):
+            assert len(cus) == len(replica)
             for mb, cu in zip(replica, cus):
-                assert cu == [sum(plan["pieces"][i][2] for i in mb[:k]) for k in range(len(mb) + 1)]
+                assert cu == [sum(plan.pieces[i].length for i in mb[:k]) for k in range(len(mb) + 1)]
     assert planner.long_sequences == "split" and planner.max_context == 1000
 
 

@@ -27,10 +27,10 @@ def _planner(names, home, seed, memory_gib=48, **options):
 
 
 def _assignment(plan):
-    out = [None] * len(plan["pieces"])
-    for ph in plan["phases"]:
-        for i in ph["sequences"]:
-            out[i] = ph["candidate"]
+    out = [None] * len(plan.pieces)
+    for ph in plan.phases:
+        for i in ph.sequences:
+            out[i] = ph.candidate
     assert None not in out
     return out
 
@@ -45,12 +45,12 @@ def test_milp_matches_brute_force_on_tiny_cases():
         planner = _planner(["dp8", "dp2tp4", "dp2tp2pp2"], home=seed % 3, seed=seed)
         cap = min(planner.micro_batch_budget(i) for i in range(3))
         lengths = _lengths(random.Random(seed), 6, cap)
-        best = min(planner.objective(lengths, list(a))["total_s"]
+        best = min(planner.objective(lengths, list(a)).total_seconds
                    for a in itertools.product(range(3), repeat=len(lengths)))
         result = milp.solve(planner, lengths, time_limit=60)
         assert result["optimal"], result["status"]
         assert result["objective_s"] == pytest.approx(best, rel=1e-6)
-        ours = planner.objective(lengths, _assignment(planner.plan(lengths)))["total_s"]
+        ours = planner.objective(lengths, _assignment(planner.plan(lengths))).total_seconds
         assert ours >= best * (1 - 1e-9)
 
 
@@ -64,17 +64,17 @@ def test_planner_is_near_the_milp_optimum(seed):
     plan = planner.plan(lengths)
     mine = _assignment(plan)
     ours = planner.objective(lengths, mine)
-    assert ours["total_s"] == pytest.approx(plan["objective_s"], rel=1e-9)
-    assert plan["objective_s"] <= plan["program_s"] * (1 + 1e-9)
+    assert ours.total_seconds == pytest.approx(plan.objective_seconds, rel=1e-9)
+    assert plan.objective_seconds <= plan.program_seconds * (1 + 1e-9)
     result = milp.solve(planner, lengths, time_limit=120)
     assert result["optimal"], result["status"]
     # The program's value of its assignment is the planner's objective of it...
-    again = planner.objective(lengths, result["assignment"])["total_s"]
+    again = planner.objective(lengths, result["assignment"]).total_seconds
     assert again == pytest.approx(result["objective_s"], rel=1e-6)
     # ...no plan beats the proven optimum (that would be a bug in one of them)...
-    assert ours["total_s"] >= result["objective_s"] * (1 - 1e-6)
+    assert ours.total_seconds >= result["objective_s"] * (1 - 1e-6)
     # ...and contiguous buckets lose little to arbitrary assignments.
-    assert ours["total_s"] <= result["objective_s"] * 1.05
+    assert ours.total_seconds <= result["objective_s"] * 1.05
 
 
 def test_milp_with_switch_costs_from_real_plans():
@@ -88,8 +88,8 @@ def test_milp_with_switch_costs_from_real_plans():
     plan = planner.plan(lengths)
     result = milp.solve(planner, lengths, start=_assignment(plan))
     assert result["optimal"]
-    assert plan["objective_s"] >= result["objective_s"] * (1 - 1e-6)
-    assert planner.objective(lengths, result["assignment"])["total_s"] == pytest.approx(result["objective_s"], rel=1e-6)
+    assert plan.objective_seconds >= result["objective_s"] * (1 - 1e-6)
+    assert planner.objective(lengths, result["assignment"]).total_seconds == pytest.approx(result["objective_s"], rel=1e-6)
 
 
 def test_bad_input_names_the_piece():

@@ -19,8 +19,8 @@ def test_micro_batches_hold_at_most_the_cap():
     assert max(free.micro_batch_budget(i) for i in range(4)) > 2048  # memory alone allows more
     plan = capped.plan(lengths)
     placed = []
-    for ph in plan["phases"]:
-        for replica in ph["micro_batches"]:
+    for ph in plan.phases:
+        for replica in ph.packing.micro_batches:
             for mb in replica:
                 assert sum(lengths[i] for i in mb) <= 2048
                 placed += mb

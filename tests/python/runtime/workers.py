@@ -27,8 +27,8 @@ def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, st
     for i, lengths in enumerate(steps):
         b = batch(lengths, i)
         # With a fixed cost model the planner plans this batch as train_step will.
-        planned = None if recalibrate else [(ph["layout"].name, ph["grad_method"])
-                                            for ph in rt.planner.plan(lengths)["phases"]]
+        planned = None if recalibrate else [(ph.layout.name, ph.grad_method)
+                                            for ph in rt.planner.plan(lengths).phases]
         r = rt.train_step(b)
         out.append((r.loss, r.layouts, [p.grad_method for p in r.phases], r.targets, planned))
     if recalibrate:  # every rank plans with the same re-calibrated model

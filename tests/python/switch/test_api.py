@@ -96,11 +96,15 @@ def test_cost_model_from_python():
     cost = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8))
     short = cost.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)])
     long = cost.phase(hs.Layout(tp=8), [[[16384]]])
-    assert short["total_s"] > 0 and long["total_s"] > 0
-    assert long["static_bytes"] < short["static_bytes"]  # tp shards the weights
+    assert short.total_seconds > 0 and long.total_seconds > 0
+    assert short.run_seconds == short.total_seconds - short.dp_seconds
+    assert long.static_bytes < short.static_bytes  # tp shards the weights
     zero = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8), zero=True)
-    assert zero.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)])["fits"]
-    assert not zero.phase(hs.Layout(dp=8), [[[32768]] for _ in range(8)])["fits"]  # activations
+    assert zero.phase(hs.Layout(dp=8), [[[512] * 4] for _ in range(8)]).fits
+    assert not zero.phase(hs.Layout(dp=8), [[[32768]] for _ in range(8)]).fits  # activations
+    terms = cost.terms(hs.Layout(dp=8))
+    assert terms.alpha == terms.alpha_compute + terms.alpha_tp
+    assert terms.u(512) == pytest.approx(terms.alpha * 512 + terms.beta * 512**2 + terms.gamma)
     with pytest.raises(ValueError, match="got 1 replicas"):
         cost.phase(hs.Layout(dp=8), [[[512]]])
     with pytest.raises(ValueError, match="'gpt-5'"):
@@ -117,10 +121,23 @@ def test_planner_from_python():
     planner = hs.Planner(cost, layouts, 0, sw, [0.0, 0.1, 0.1])
     lengths = [300] * 60 + [7, 2, 20000, 5003]
     plan = planner.plan(lengths)
-    covered = sorted(i for ph in plan["phases"] for i in ph["sequences"])
+    covered = sorted(i for ph in plan.phases for i in ph.sequences)
     assert covered == list(range(len(lengths)))
-    assert any(ph["layout"] != hs.Layout(dp=8) for ph in plan["phases"])  # 20000 needs tp
-    assert plan["total_s"] > 0 and plan["best_static_s"] > 0
+    assert any(ph.layout != hs.Layout(dp=8) for ph in plan.phases)  # 20000 needs tp
+    assert plan.total_seconds > 0 and plan.best_static_seconds > 0
+    # Typed, read-only, and its parts add up to its total.
+    assert isinstance(plan, hs.StepPlan) and all(isinstance(ph, hs.PlannedPhase) for ph in plan.phases)
+    with pytest.raises(AttributeError):
+        plan.total_seconds = 0.0
+    parts = plan.switch_back_seconds + sum(ph.switch_in_seconds + ph.cost.run_seconds + ph.grad_seconds
+                                           for ph in plan.phases)
+    assert plan.total_seconds == pytest.approx(parts, rel=1e-12)
+    for ph in plan.phases:
+        model = planner.candidate_model(ph.candidate)
+        assert model.layout == ph.layout and ph.grad_method == model.grad_method
+        assert ph.grad_method in (("local",) if ph.candidate == planner.home else ("reduce", "partial"))
+    with pytest.raises(ValueError, match="candidate 3 outside"):
+        planner.candidate_model(3)
     with pytest.raises(ValueError, match="fits no candidate layout"):
         planner.plan([10, 10**7])
     with pytest.raises(ValueError, match="no sequences"):
