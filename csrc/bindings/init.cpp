@@ -42,7 +42,7 @@ py::dict statsDict(const PlanStats& s) {
   d["local_copy_bytes"] = s.localCopyBytes;
   d["lower_bound_bytes"] = s.lowerBoundBytes;
   d["lower_bound_inter_node_bytes"] = s.lowerBoundInterNodeBytes;
-  d["lower_bound_max_send_bytes"] = s.lowerBoundMaxSendBytes;
+  d["same_node_first_max_send_bytes"] = s.sameNodeFirstMaxSendBytes;
   return d;
 }
 

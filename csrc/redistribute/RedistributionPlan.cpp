@@ -199,7 +199,8 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
     classBytes[it->second] += demands[i].box.numel() * plan.elementSizes[demands[i].tensor];
   }
 
-  // Minimum largest per-rank send: binary search on the sender capacity T.
+  // Minimum largest per-rank send under same-node-first: binary search on the sender
+  // capacity T.
   const int numClasses = static_cast<int>(classRanks.size());
   const int source = numClasses + world;
   const int sink = source + 1;
@@ -226,7 +227,7 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
     int64_t mid = lo + (hi - lo) / 2;
     (feasible(mid) ? hi : lo) = mid;
   }
-  plan.stats.lowerBoundMaxSendBytes = total == 0 ? 0 : hi;
+  plan.stats.sameNodeFirstMaxSendBytes = total == 0 ? 0 : hi;
 
   // Assign each demand (or part of it) to a sender.
   std::map<std::pair<int, int>, std::vector<Segment>> bySenderPair;
@@ -319,8 +320,8 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
 
 std::string RedistributionPlan::summary() const {
   return str("moved ", stats.bytesMoved, " B (lower bound ", stats.lowerBoundBytes, "), inter-node ",
-             stats.interNodeBytes, " B, max send ", stats.maxSendBytes, " B (lower bound ",
-             stats.lowerBoundMaxSendBytes, "), max recv ", stats.maxRecvBytes, " B, ",
+             stats.interNodeBytes, " B, max send ", stats.maxSendBytes, " B (same-node-first optimum ",
+             stats.sameNodeFirstMaxSendBytes, "), max recv ", stats.maxRecvBytes, " B, ",
              stats.numMessages, " messages, local copies ", stats.localCopyBytes, " B");
 }
 

@@ -4,9 +4,15 @@
 //
 // Every destination element arrives exactly once (for a kPartial source: once per summand,
 // and the destination is their sum); an element the destination rank already holds is a
-// local copy. Among the replicas that hold an element, senders are chosen, in this order
-// of priority, for the fewest inter-node bytes, then the smallest largest per-rank send,
-// then the fewest messages. All transfers between one (src, dst) pair fuse into one message.
+// local copy. An element is sent by an owner on the receiver's node whenever there is one
+// (the fewest inter-node bytes), otherwise by any owner; among those, senders are chosen
+// for the smallest largest per-rank send, then the fewest messages. All transfers between
+// one (src, dst) pair fuse into one message.
+//
+// Same-node-first is a rule, not an optimum over all plans: where far owners sit idle,
+// letting them send can lower the largest send (by 2x for dp4 tp2 -> tp8 on two nodes of 4)
+// at the price of inter-node bytes. hotswitch.analysis.switch_lp solves the send load
+// without the rule, in bytes or in seconds.
 //
 // Plans are pure functions of their inputs: every rank builds the same plan.
 
@@ -50,19 +56,21 @@ struct PlanStats {
   int64_t maxRecvBytes = 0;
   int64_t numMessages = 0;
   int64_t localCopyBytes = 0;
-  // Lower bounds the plan is judged against: the bytes not already on their destination;
-  // the inter-node bytes of elements with no replica on the destination's node; and the
-  // smallest achievable largest per-rank send given those inter-node bytes (exact: the
-  // minimum T for which a flow from demands to senders of capacity T carries every byte).
-  // The flow is in bytes and transfers are whole elements, so maxSendBytes can exceed the
-  // last bound by less than one element per class of demands sharing the same senders.
+  // Lower bounds over every plan: the bytes not already on their destination, and the
+  // inter-node bytes of elements with no replica on the destination's node.
   int64_t lowerBoundBytes = 0;
   int64_t lowerBoundInterNodeBytes = 0;
-  int64_t lowerBoundMaxSendBytes = 0;
+  // The smallest largest per-rank send among plans whose senders are owners on the
+  // receiver's node whenever there is one (exact: the minimum T for which a flow from
+  // demands to those senders, of capacity T each, carries every byte). Not a lower bound
+  // over all plans: see the note at the top. The flow is in bytes and transfers are whole
+  // elements, so maxSendBytes can exceed it by less than one element per class of demands
+  // sharing the same senders.
+  int64_t sameNodeFirstMaxSendBytes = 0;
 };
 
 enum class SenderPolicy {
-  kBalanced = 0,  // min inter-node bytes, then min largest send (max flow), then few messages
+  kBalanced = 0,  // same-node-first, then min largest send (max flow), then few messages
   kGreedy,        // baseline: tensors in order, sender = the same-node owner that sent least
 };
 

@@ -37,8 +37,11 @@ class SwitchResult:
 
     ``shards``: the new local shards, a dict ``name -> tensor`` (shapes of the local shards
     under the destination layout) or, for a ``"zero"`` destination, one flat 1-D tensor.
-    ``stats``: the plan's figures for the whole world (bytes, inter-node bytes, largest
-    per-rank send and receive, messages, and their lower bounds), in bytes.
+    ``stats``: the plan's figures for the whole world, in bytes: bytes moved, inter-node
+    bytes, largest per-rank send and receive, messages; lower bounds of the first two over
+    every plan (``lower_bound_bytes``, ``lower_bound_inter_node_bytes``); and the smallest
+    largest send when elements come from the receiver's node first
+    (``same_node_first_max_send_bytes``), not a bound over every plan.
     ``seconds``: wall time of this rank's switch, split into ``pack_seconds`` (local copies
     and packing), ``exchange_seconds`` and ``unpack_seconds``; ``plan_cached``: whether the
     plan came from the cache; ``rounds``: exchanges run under ``max_buffer_bytes``.

@@ -89,8 +89,8 @@ inline std::string dumpPlan(const RedistributionPlan& plan) {
     os << "rank " << r << " send " << plan.sendBytes[r] << " recv " << plan.recvBytes[r] << '\n';
   }
   os << plan.summary() << '\n';
-  os << "lower bounds " << plan.stats.lowerBoundBytes << ' ' << plan.stats.lowerBoundInterNodeBytes << ' '
-     << plan.stats.lowerBoundMaxSendBytes << '\n';
+  os << "lower bounds " << plan.stats.lowerBoundBytes << ' ' << plan.stats.lowerBoundInterNodeBytes
+     << " same-node-first max send " << plan.stats.sameNodeFirstMaxSendBytes << '\n';
   return os.str();
 }
 

@@ -3,11 +3,13 @@
 // Tensor sets shaped like a Megatron transformer, and a plain-array simulation of a plan,
 // shared by the C++ tests.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "common/Check.h"
 #include "layout/ParamSpec.h"
 #include "layout/Placement.h"
 #include "redistribute/RedistributionPlan.h"
@@ -87,7 +89,28 @@ struct SimulationReport {
   int64_t strayWrites = 0;    // a write outside every destination piece (e.g. padding)
   int64_t lowerBoundBytes = 0;        // recomputed by brute force
   int64_t lowerBoundInterNodeBytes = 0;
+  // Bytes to move, by the set of ranks allowed to send them (bit q: rank q), recomputed
+  // element by element: any owner, or owners on the receiver's node whenever there is one.
+  std::map<uint64_t, int64_t> anyOwnerSenders;
+  std::map<uint64_t, int64_t> sameNodeFirstSenders;
 };
+
+// The smallest largest per-rank send when each class of bytes may be split freely among its
+// allowed senders, rounded up to whole bytes. By Hall's theorem it is the largest over sender
+// sets S of (bytes only S may send) / |S|. Enumerates every set of ranks: worlds up to 16.
+inline int64_t smallestLargestSend(const std::map<uint64_t, int64_t>& bytesBySenders, int world) {
+  HS_CHECK(world <= 16, "world(", world, ") too large to enumerate its sender sets");
+  int64_t best = 0;
+  for (uint64_t set = 1; set < (uint64_t{1} << world); ++set) {
+    int64_t bytes = 0;
+    for (const auto& [senders, b] : bytesBySenders) {
+      if ((senders & ~set) == 0) bytes += b;
+    }
+    const int64_t size = __builtin_popcountll(set);
+    best = std::max(best, (bytes + size - 1) / size);
+  }
+  return best;
+}
 
 inline SimulationReport simulate(const TensorSet& set, const Placement& from, const Placement& to,
                                  const Topology& topo, const RedistributionPlan& plan) {
@@ -154,11 +177,17 @@ inline SimulationReport simulate(const TensorSet& set, const Placement& from, co
           const int64_t at = k * full[p.tensor].numel() + flatOf(p.tensor, x);
           if (!held[r][p.tensor][at]) {
             report.lowerBoundBytes += elem;
+            uint64_t nearOwners = 0, owners = 0;
             bool near = false;
             for (int q = 0; q < world; ++q) {
-              if (topo.sameNode(q, r) && held[q][p.tensor][at]) near = true;
+              if (!held[q][p.tensor][at]) continue;
+              if (q < 64) owners |= uint64_t{1} << q;
+              if (q < 64 && topo.sameNode(q, r)) nearOwners |= uint64_t{1} << q;
+              if (topo.sameNode(q, r)) near = true;
             }
             if (!near) report.lowerBoundInterNodeBytes += elem;
+            report.anyOwnerSenders[owners] += elem;
+            report.sameNodeFirstSenders[near ? nearOwners : owners] += elem;
           }
         }
         if (dst[r][p.buffer][off] != expected) ++report.wrongValue;

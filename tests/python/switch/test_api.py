@@ -67,9 +67,15 @@ def test_plan_figures_and_cache():
     # plan_switch looks up the same entry (its default topology is one node).
     assert hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), cache=cache).messages() == fresh.messages()
     assert len(cache) == 1
+    other = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=2, tp=2), cache=cache)
+    assert len(cache) == 2 and other.stats != plan.stats
     stats = plan.stats
-    assert stats["bytes_moved"] == stats["lower_bound_bytes"] > 0
-    assert stats["max_send_bytes"] == stats["lower_bound_max_send_bytes"]
+    # tp4 -> dp4: every rank lacks the three quarters of each split tensor it does not hold,
+    # and each quarter has one owner, which sends it to the three others.
+    sharded = sum(s.nbytes for s in ts.specs if s.rule != "replicated")
+    assert stats["bytes_moved"] == stats["lower_bound_bytes"] == 3 * sharded
+    assert stats["max_send_bytes"] == stats["same_node_first_max_send_bytes"] == 3 * sharded // 4
+    assert stats["num_messages"] == 12
     assert sum(plan.send_bytes) == stats["bytes_moved"] == sum(m[2] for m in plan.messages())
     greedy = hs.plan_switch(ts, hs.Layout(tp=4), hs.Layout(dp=4), policy="greedy", cache=cache)
     assert greedy.stats["bytes_moved"] == stats["bytes_moved"]
