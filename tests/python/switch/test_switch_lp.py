@@ -7,7 +7,7 @@ import pytest
 
 import hotswitch as hs
 from hotswitch.analysis import switch_lp
-from reference import model_set
+from tests.python.switch.placements import model_set
 
 INTRA, INTER = 200e9, 25e9  # bytes/s, the a800 preset's links
 
