@@ -8,6 +8,7 @@
 #   HOTSWITCH_PYBIND11_INCLUDE_DIR the pybind11 headers torch was built with
 #   HOTSWITCH_PYBIND11_DEFINITIONS pybind11's ABI keys, as torch has them
 #   HOTSWITCH_PYTHON_EXT_SUFFIX    the extension suffix, e.g. .cpython-311-x86_64-linux-gnu.so
+# torch_info.py prints one `key=value` a line; no value may hold a ';' (a CMake list separator).
 
 find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
 
@@ -27,6 +28,7 @@ endforeach()
 if(_hs_torch_cuda STREQUAL "")
   set(_hs_torch_cuda "none")
 endif()
+set(_hs_torch_include_dirs "${_hs_torch_include_dir}" "${_hs_torch_api_include_dir}")
 message(STATUS "hotswitch: Python ${Python3_EXECUTABLE}, torch ${_hs_torch_version}"
                " (CUDA ${_hs_torch_cuda}), CXX11 ABI ${_hs_torch_cxx11_abi}")
 set(HOTSWITCH_TORCH_CXX11_ABI "${_hs_torch_cxx11_abi}")
@@ -38,7 +40,7 @@ if(HOTSWITCH_TORCH_FROM_PYTHON)
   set(TORCH_INSTALL_PREFIX "${_hs_torch_lib_dir}/..")
   set(TORCH_INCLUDE_DIRS ${_hs_torch_include_dirs})
   add_library(hotswitch_libtorch INTERFACE)
-  target_include_directories(hotswitch_libtorch INTERFACE ${TORCH_INCLUDE_DIRS})
+  target_include_directories(hotswitch_libtorch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
   foreach(_lib c10 torch torch_cpu)
     find_library(HOTSWITCH_LIB_${_lib} ${_lib} PATHS "${_hs_torch_lib_dir}" NO_DEFAULT_PATH REQUIRED)
     target_link_libraries(hotswitch_libtorch INTERFACE "${HOTSWITCH_LIB_${_lib}}")
