@@ -3,9 +3,9 @@ the argument, the value and what was expected."""
 
 import json
 import math
-from typing import Optional, Type
+from typing import Iterable, Iterator, Optional, Tuple, Type
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_positive", "read_json_object"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_positive", "json_lines", "read_json_object"]
 
 
 def check_int(name: str, value, low: int, high: Optional[int] = None) -> int:
@@ -48,3 +48,18 @@ def read_json_object(path: str, what: str, error: Type[ValueError] = ValueError)
     if not isinstance(value, dict):
         raise error(f"{what} {path!r} must hold a JSON object, got {type(value).__name__}")
     return value
+
+
+def json_lines(lines: Iterable[str], path: str) -> Iterator[Tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSON-lines file ``path``;
+    ValueError naming the file and line of one that is not a JSON object."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not valid JSON ({e})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        yield number, record

@@ -212,29 +212,36 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
                 "manifest": entries,
                 "rng": [r for _, _, _, r in everyone],
             }
-            path = os.path.join(tmp, "metadata.json")
-            with open(path, "w") as f:
-                json.dump(meta, f)
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
-            final = os.path.join(root, name)
-            if os.path.exists(final):
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            latest = os.path.join(root, ".latest.tmp")
-            with open(latest, "w") as f:
-                f.write(name + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(latest, os.path.join(root, "latest"))
-            _fsync_dir(root)
+            _publish(tmp, root, name, meta)
         except (OSError, TypeError, ValueError) as e:
             ok, message = False, f"{type(e).__name__}: {e}"
             shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint stays the latest
     _agree(ok, message, group)
     _log.info("rank %d: saved %s (%d boxes written here)", rank, name, len(manifest))
     return os.path.join(root, name)
+
+
+def _publish(tmp: str, root: str, name: str, meta: dict) -> str:
+    """Completes a checkpoint written into ``tmp``: its metadata, then the directory renamed to
+    ``root/name`` and ``root/latest`` pointed at it, each step synced to disk, so a crash leaves
+    either the previous checkpoint or this one as the latest. Returns the final path."""
+    with open(os.path.join(tmp, "metadata.json"), "w") as f:
+        json.dump(meta, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    final = os.path.join(root, name)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    latest = os.path.join(root, ".latest.tmp")
+    with open(latest, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest, os.path.join(root, "latest"))
+    _fsync_dir(root)
+    return final
 
 
 def latest_checkpoint(root: str) -> Optional[str]:
@@ -246,6 +253,17 @@ def latest_checkpoint(root: str) -> Optional[str]:
         return None
     path = os.path.join(root, name)
     return path if name and os.path.isdir(path) else None
+
+
+def _open(path: str):
+    """(the checkpoint directory, its metadata) of ``path``: a ``step_N`` directory, or a root
+    whose ``latest`` names one."""
+    if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):
+        found = latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path}/latest names no checkpoint directory")
+        path = found
+    return path, _read_metadata(path)
 
 
 def _read_metadata(path: str) -> dict:
@@ -317,12 +335,7 @@ def _load(runtime, path: str) -> dict:
     group, rank = runtime.control, runtime.rank
     new_states, meta, message, rng_states = None, None, "", None
     try:
-        if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):
-            found = latest_checkpoint(path)
-            if found is None:
-                raise CheckpointError(f"{path}/latest names no checkpoint directory")
-            path = found
-        meta = _read_metadata(path)
+        path, meta = _open(path)
         specs = {s.name: s for s in runtime.tensor_set.specs}
         saved = {s["name"]: s for s in meta["specs"]}
         for name, spec in specs.items():
@@ -422,12 +435,7 @@ def read_tensors(path: str, state: str = "param") -> Tuple[Dict[str, torch.Tenso
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"checkpoint path must be a path, got {type(path).__name__}")
     path = os.fspath(path)
-    if not os.path.exists(os.path.join(path, "metadata.json")) and os.path.exists(os.path.join(path, "latest")):
-        found = latest_checkpoint(path)
-        if found is None:
-            raise CheckpointError(f"{path}/latest names no checkpoint directory")
-        path = found
-    meta = _read_metadata(path)
+    path, meta = _open(path)
     try:
         if state not in meta["states"]:
             raise CheckpointError(f"{path}/metadata.json has no state {state!r} (states: {meta['states']})")
@@ -500,18 +508,7 @@ def write_tensors(root: str, tensors: Dict[str, torch.Tensor], step: int = 0, ex
         meta = {"format": FORMAT, "step": step, "world": 1, "home": "dp1", "zero": False, "specs": specs,
                 "states": ["param"], "scalars": {}, "param_groups": None, "data_state": None, "extra": extra,
                 "manifest": manifest, "rng": []}
-        with open(os.path.join(tmp, "metadata.json"), "w") as f:
-            json.dump(meta, f)
-            f.flush()
-            os.fsync(f.fileno())
-        final = os.path.join(root, name)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        latest = os.path.join(root, ".latest.tmp")
-        with open(latest, "w") as f:
-            f.write(name + "\n")
-        os.replace(latest, os.path.join(root, "latest"))
+        final = _publish(tmp, root, name, meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -366,14 +366,7 @@ class Runtime:
         the job from the last checkpoint.
         """
         self._stage = "agreeing on the batch"
-        try:
-            return self._train_step(sequences)
-        except (ValueError, _C.SwitchFault):
-            raise
-        except RuntimeError as e:
-            # A backend error (a dead peer closes its connections; a stalled one times out):
-            # name the stage; the master weights and optimizer state are untouched.
-            raise as_fault(e, f"rank {self.rank}, step {self.step + 1}, {self._stage}") from e
+        return self._guarded(lambda: self._train_step(sequences), lambda: f"step {self.step + 1}")
 
     def _train_step(self, sequences: Sequence[Sequence[int]]) -> StepResult:
         start = time.perf_counter()
@@ -508,12 +501,18 @@ class Runtime:
         trains: the master weights, optimizer state and step count stay as they are.
         Collective; the same errors as ``train_step``."""
         self._stage = "agreeing on the evaluation batch"
+        return self._guarded(lambda: self._evaluate(sequences), lambda: f"evaluation after step {self.step}")
+
+    def _guarded(self, run, when):
+        """``run()``; a backend error (a dead peer closes its connections, a stalled one times
+        out) becomes ``SwitchFault``/``SwitchTimeout`` naming this rank, ``when()`` and the
+        stage. The master weights and optimizer state are untouched by then."""
         try:
-            return self._evaluate(sequences)
+            return run()
         except (ValueError, _C.SwitchFault):
             raise
         except RuntimeError as e:
-            raise as_fault(e, f"rank {self.rank}, evaluation after step {self.step}, {self._stage}") from e
+            raise as_fault(e, f"rank {self.rank}, {when()}, {self._stage}") from e
 
     def _evaluate(self, sequences) -> float:
         tensors = self._agreed_batch(sequences)

@@ -72,13 +72,7 @@ def plot_step(plan: "_C.StepPlan", planner: "_C.Planner", path: str, title: Opti
                 loc="lower right")
     line.set_xlim(0, 1.02 * max(plan.total_seconds, plan.best_static_seconds))
     line.set_title(f"timeline: {switch_share(plan, planner):.3f} s of switching (grey, hatched)", fontsize=10)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError as e:
-        raise ValueError(f"cannot write plot {path!r}: {e.strerror}") from None
-    finally:
-        plt.close(fig)
+    _save(fig, path)
 
 
 def plot_metrics(records: List[dict], path: str, title: Optional[str] = None) -> None:
@@ -114,6 +108,13 @@ def plot_metrics(records: List[dict], path: str, title: Optional[str] = None) ->
     share.legend(loc="upper right", fontsize=8)
     if title:
         fig.suptitle(title)
+    _save(fig, path)
+
+
+def _save(fig, path: str) -> None:
+    """Writes ``fig`` to the PNG file ``path`` and closes it; ValueError when it cannot."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=100)

@@ -8,9 +8,9 @@ share of the phases against the iteration.
 """
 
 import argparse
-import json
 import sys
 
+from hotswitch._checks import json_lines
 from hotswitch.analysis.plots import plot_metrics
 
 __all__ = ["main", "read_metrics"]
@@ -23,17 +23,7 @@ def read_metrics(path: str) -> list:
             lines = f.read().splitlines()
     except OSError as e:
         raise ValueError(f"cannot read metrics file {path!r}: {e.strerror}") from None
-    out = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: not a JSON object ({e})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        out.append(record)
+    out = [record for _, record in json_lines(lines, path)]
     if not out:
         raise ValueError(f"metrics file {path!r} holds no records")
     return out

@@ -11,12 +11,12 @@ library's source.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 from typing import Iterator, List, Optional
 
+from hotswitch._checks import json_lines
 from hotswitch.data.text import default_corpus_dir, text_files
 from hotswitch.data.tokenizers import SENTENCEPIECE_MODEL_TYPES, train_sentencepiece
 
@@ -42,15 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _jsonl(path: str, keys: List[str]) -> Iterator[str]:
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not valid JSON ({e})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        for number, record in json_lines(f, path):
             for key in keys:
                 if key not in record:
                     raise ValueError(f"{path}:{number}: no key {key!r}")
