@@ -60,6 +60,7 @@ from hotswitch.hardware import preset_for_device
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.init import init_shards
 from hotswitch.model.transformer import PackContext, TransformerLayer
+from benchmarks import rounded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA_DIR = os.path.join(ROOT, "..", "shared", "data")
@@ -331,13 +332,6 @@ def main(argv=None):
           f"{switch['to_zero_s'] * 1e3:.2f} ms, zero->sharded {switch['to_sharded_s'] * 1e3:.2f} ms; one copy "
           f"{switch['copy_s'] * 1e3:.2f} ms ({switch['copy_bytes_per_s'] / 1e9:.1f} GB/s read+write); "
           f"ratio {ratio:.2f}")
-
-    def rounded(v):
-        if isinstance(v, float):
-            return float(f"{v:.4g}")
-        if isinstance(v, dict):
-            return {k: rounded(x) for k, x in v.items()}
-        return v
 
     result = {"device": layers["device"], "device_name": layers["device_name"], "layers": LAYERS,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "vs_megatron": vs,

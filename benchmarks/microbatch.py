@@ -30,6 +30,7 @@ import torch
 import hotswitch as hs
 from hotswitch.calibration.overhead import measure_micro_batch, with_layer_overhead
 from hotswitch.hardware import load_hardware, preset_for_device, save_profile
+from benchmarks import rounded
 
 CPU_MODEL = dict(hidden_size=128, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=352, vocab_size=512)
 CUDA_MODEL = dict(hidden_size=4096, num_attention_heads=32, num_query_groups=32, ffn_hidden_size=11008,
@@ -101,13 +102,6 @@ def main(argv=None):
         print(f"wrote {args.write_profile}: {base.name} with layer_overhead_seconds "
               f"{base.layer_overhead_seconds:.4g} -> {profile.layer_overhead_seconds:.4g}")
         result["profile"] = args.write_profile
-
-    def rounded(v):
-        if isinstance(v, float):
-            return float(f"{v:.4g}")
-        if isinstance(v, dict):
-            return {k: rounded(x) for k, x in v.items()}
-        return v
 
     print("RESULT " + json.dumps({k: rounded(v) for k, v in result.items()}))
     return 0
