@@ -50,8 +50,8 @@ def test_measures_the_cpu_and_profiles_plan_with_it():
     # The cost model charges it per layer and micro-batch.
     model = cfg.cost_config()
     layout = hs.Layout.parse("dp1")
-    extra = (hs.CostModel(model, profile, hs.Topology(1, 1)).terms(layout)["micro_batch_s"]
-             - hs.CostModel(model, dict_profile(base, 0.0), hs.Topology(1, 1)).terms(layout)["micro_batch_s"])
+    extra = (hs.CostModel(model, profile, hs.Topology(1, 1)).terms(layout).micro_batch_seconds
+             - hs.CostModel(model, dict_profile(base, 0.0), hs.Topology(1, 1)).terms(layout).micro_batch_seconds)
     assert extra == pytest.approx(cfg.num_layers * costs.layer_overhead_seconds, rel=1e-9, abs=1e-15)
 
 

@@ -24,7 +24,7 @@ _NUM = r"(\d+(?:\.\d+)?)"
 # phase, layout, seqs, min-max length, micro-batches, then pred s, est s, peak GiB, switch in,
 # grad s, and the grad method.
 _PHASE = re.compile(r"^(\d+)\s+(\S+)\s+(\d+)\s+(\d+)-(\d+)\s+(\d+)" + "".join(r"\s+" + _NUM for _ in range(5))
-                    + r"\s+(in_place|reduce_then_switch|switch_partial)$")
+                    + r"\s+(local|reduce|partial)$")
 _ORDER = re.compile(r"^order (.+) \(home (\S+)\); switch back " + _NUM + r" s; switching " + _NUM
                     + r" s of the step$")
 _STEP = re.compile(r"^predicted step " + _NUM + r" s \(objective " + _NUM + r" s\); best static (\S+): "
@@ -65,7 +65,7 @@ def test_plans_one_step_and_simulates(lengths_file, capsys):
         assert int(lo) in LENGTHS and int(hi) in LENGTHS
         assert 1 <= int(micro_batches) <= int(seqs) and float(pred) > 0 and float(est) > 0
         assert 0 < float(peak) <= 80  # GiB of an a800
-        assert (method == "in_place") == (layout == "dp8")  # the home layout reduces in place
+        assert (method == "local") == (layout == "dp8")  # the home layout reduces in place
     # 20000 tokens fit no data-parallel replica of LLaMA-7B on an a800.
     assert next(p for p in phases if int(p[4]) == 20000)[1] != "dp8"
     # The step is its phases, their switches in, their gradients and the switch back home

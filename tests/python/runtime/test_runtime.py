@@ -53,10 +53,10 @@ def test_switching_run_equals_single_process(reference):
 
 
 def _runtime_methods(zero):
-    """The planner's gradient methods in the runtime's words. The home layout's own
-    reduction ("in_place") needs no switch ("local"), except under ZeRO, where its partial
-    gradients are summed into the flat home shard by a switch ("partial")."""
-    return {"switch_partial": "partial", "reduce_then_switch": "reduce", "in_place": "partial" if zero else "local"}
+    """What the runtime reports for each of the planner's gradient methods. The home layout's
+    own reduction ("local") needs no switch, except under ZeRO, where its partial gradients
+    are summed into the flat home shard by a switch ("partial")."""
+    return {"partial": "partial", "reduce": "reduce", "local": "partial" if zero else "local"}
 
 
 @pytest.mark.parametrize("zero,grad_method", [(True, "auto"), (True, "reduce"), (False, "reduce"), (False, "partial")])
