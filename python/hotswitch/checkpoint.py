@@ -60,17 +60,14 @@ def _states(state_dict: dict) -> Tuple[Dict[str, List[torch.Tensor]], Dict[str, 
     masters = state_dict["params"]
     tensors = {"param": list(masters)}
     scalars: Dict[str, object] = {}
-    opt_state = state_dict["optimizer"]["state"]
-    opt_state = {masters[i]: opt_state[i] for i in range(len(masters)) if i in opt_state}
-    keys = None
-    for p in masters:
-        state = opt_state.get(p, {})
-        if keys is None:
-            keys = sorted(state)
-        elif sorted(state) != keys:
+    # The optimizer's state_dict keys its state by the parameter's index, which is the master order.
+    per_param = [state_dict["optimizer"]["state"].get(i, {}) for i in range(len(masters))]
+    keys = sorted(per_param[0]) if per_param else []
+    for state in per_param:
+        if sorted(state) != keys:
             raise ValueError(f"optimizer state keys differ between parameters: {keys} vs {sorted(state)}")
-    for key in keys or []:
-        values = [opt_state[p][key] for p in masters]
+    for key in keys:
+        values = [state[key] for state in per_param]
         if all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(values, masters)) \
                 and values[0].dim() > 0:
             tensors[key] = [v.detach() for v in values]

@@ -160,13 +160,7 @@ class Runtime:
             raise ValueError(f"topology must be a hotswitch.Topology of world {self.world}, got {self.topology!r}")
         self.config = config
         self.tensor_set = config.tensor_set()
-        self.zero = s.zero
-        self.grad_method = s.grad_method
-        self.seed = s.seed
-        self.timeout = float(s.timeout)
         self.max_context = max_context
-        self.recalibrate = s.recalibrate
-        self.nonfinite = s.nonfinite
         self.hooks = Hooks()
         self._stage = ""
         self.step = 0
@@ -419,17 +413,18 @@ class Runtime:
         if current_layout is not None:
             self._release(self._models[current_layout.name])
         del current
-        self._stage = "reducing the step's loss and times"
-        dist.all_reduce(loss_sum, group=self.control)
-        loss = float(loss_sum) / targets
+        self._stage = "reducing the step's loss, gradient norm and times"
+        # The loss and the squares of the gradients this rank owns, summed in one collective.
+        sums = torch.cat([loss_sum, self._grad_squares(accumulator)])
+        dist.all_reduce(sums, group=self.control)
+        loss = float(sums[0]) / targets
+        grad_norm = math.sqrt(float(sums[1]))
         # The slowest rank's times: what the step took, and what re-calibration learns from.
         times = [time.perf_counter() - start, self._optimizer_s]
         for p in phases:
             times += [p.compute_s, p.switch_s, p.grad_s]
         times = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.control)
-        self._stage = "the global gradient norm"
-        grad_norm = self._grad_norm(accumulator)
         if not math.isfinite(loss) or not math.isfinite(grad_norm):
             what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
             if self.nonfinite == "raise":
@@ -475,6 +470,14 @@ class Runtime:
             best_static=self.candidates[plan.best_static_candidate].name,
             best_static_predicted_s=plan.best_static_seconds + self._overhead_s, phases=phases,
             grad_norm=grad_norm, lr=lr)
+
+    # The settings, as the runtime's own attributes.
+    zero = property(lambda self: self.settings.zero)
+    grad_method = property(lambda self: self.settings.grad_method)
+    seed = property(lambda self: self.settings.seed)
+    timeout = property(lambda self: float(self.settings.timeout))
+    recalibrate = property(lambda self: self.settings.recalibrate)
+    nonfinite = property(lambda self: self.settings.nonfinite)
 
     def _enter(self, k: int, layout, current, current_layout):
         """Phase ``k``'s parameters under ``layout``: kept when the previous phase ran under it,
@@ -617,10 +620,11 @@ class Runtime:
         r = self._switch(model.grad_shards(), layout, self.home, src_kind="partial", dst_kind=self.home_placement)
         return r.shards, "partial", r.stats["bytes_moved"]
 
-    def _grad_norm(self, accumulator) -> float:
-        """The global L2 norm of the step's gradients (the home accumulator), every element
-        counted once whatever the layout: each rank sums the squares of the pieces it owns
-        (``owned_pieces``, as checkpoints write them) in float64, then one all-reduce."""
+    def _grad_squares(self, accumulator) -> torch.Tensor:
+        """This rank's share of the squared global L2 norm of the step's gradients (the home
+        accumulator), float64, shape (1,): the squares of the pieces it owns (``owned_pieces``,
+        as checkpoints write them), so that the sum over ranks counts every element once
+        whatever the layout."""
         if self._owned is None:
             mine = owned_pieces(self.tensor_set, self.home, self.home_placement).get(self.rank, set())
             self._owned = [(buffer, offset, strides, [b - a for a, b in zip(lo, hi)])
@@ -631,8 +635,7 @@ class Runtime:
         total = torch.zeros(1, dtype=torch.float64)
         for buffer, offset, strides, sizes in self._owned:
             total += buffers[buffer].as_strided(sizes, strides, offset).double().pow(2).sum()
-        dist.all_reduce(total, group=self.control)
-        return math.sqrt(float(total))
+        return total
 
     @staticmethod
     def _add(acc, grads):

@@ -20,11 +20,15 @@ def _max_diff(a, b):
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
+def _saved(tmp_path_factory, world, home):
+    """(checkpoint root, rank 0's (weights at the save, losses after it, final weights))."""
+    root = str(tmp_path_factory.mktemp("ckpt"))
+    return root, run_world(world, w.save_then_continue, root, home, False, timeout=600)[0]
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("ckpt"))
-    out = run_world(4, w.save_then_continue, root, "dp2tp2", False, timeout=600)
-    return root, out[0]
+    return _saved(tmp_path_factory, 4, "dp2tp2")
 
 
 def test_resume_same_world_is_bitwise(saved):
@@ -47,9 +51,7 @@ def test_resume_under_another_world_or_home_layout(saved, world, home, zero):
 
 @pytest.fixture(scope="module")
 def saved_world2(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("ckpt2"))
-    out = run_world(2, w.save_then_continue, root, "tp2", False, timeout=600)
-    return root, out[0]
+    return _saved(tmp_path_factory, 2, "tp2")
 
 
 def test_resume_into_a_larger_world(saved_world2):
