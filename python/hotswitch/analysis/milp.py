@@ -16,6 +16,7 @@ assignment, its value, and whether CBC proved it optimal; ``Planner.objective`` 
 the same assignment independently, which the tests compare.
 """
 
+import decimal
 import os
 import re
 import tempfile
@@ -43,16 +44,21 @@ def piece_terms(model: dict, s: int):
 
 def _log_bound(log: str, constant: float) -> Optional[float]:
     """CBC's best bound from its log: the "Lower bound" of its result, else the last "best
-    possible" of its progress lines; plus the objective's constant, which CBC never sees."""
+    possible" of its progress lines; less half a unit of its last printed digit (the log
+    rounds it, and a bound must not rise), plus the objective's constant, which CBC never
+    sees."""
     found = re.findall(r"^Lower bound:\s*(\S+)", log, flags=re.M)
     if not found:
         found = re.findall(r"best possible (-?[0-9.eE+-]+)", log)
     if not found:
         return None
     try:
-        return float(found[-1]) + constant
-    except ValueError:
+        printed = decimal.Decimal(found[-1])
+    except decimal.InvalidOperation:
         return None
+    if not printed.is_finite():
+        return None
+    return float(printed) - 0.5 * 10.0 ** printed.as_tuple().exponent + constant
 
 
 def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start: Optional[List[int]] = None,
