@@ -154,7 +154,8 @@ def plan_quality(worlds, lp_worlds, hardware):
         "predicted_max_send_time_over_lp_optimum_by_world": per_world,
         "predicted_max_send_time_over_lp_optimum_bytes_balanced_median":
             statistics.median(bytes_time_vs_lp) if bytes_time_vs_lp else None,
-        "predicted_max_send_time_over_lp_optimum_bytes_balanced_max": max(bytes_time_vs_lp) if bytes_time_vs_lp else None,
+        "predicted_max_send_time_over_lp_optimum_bytes_balanced_max":
+            max(bytes_time_vs_lp) if bytes_time_vs_lp else None,
         "max_send_vs_greedy_median": statistics.median(vs_greedy),
         "max_send_vs_greedy_min": min(vs_greedy),
         "inter_node_bytes_vs_greedy_max": max(_ratio(r["inter"], r["greedy_inter"]) for r in moving),
