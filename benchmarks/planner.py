@@ -13,8 +13,11 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
 - Gap to the optimum: random small steps (12-24 sequences from the distributions, 5 layouts
   of 8 GPUs with a 48 GiB budget so long sequences need tensor or pipeline parallelism,
   switch costs from plans, every home) solved by the MILP over arbitrary assignments
-  (``hotswitch.analysis.milp``, CBC); over the steps where CBC proves optimality,
-  ``ours / optimum - 1`` of the planner's objective J, and CBC's time.
+  (``hotswitch.analysis.milp``, CBC). Lengths are drawn from the documents one candidate can
+  hold in a micro-batch (``milp_max_length``; the share left out is reported). Over the steps
+  where CBC proves optimality, ``ours / optimum - 1`` of the planner's objective J and CBC's
+  time; the steps it does not prove within the time limit are counted (``milp_unproven``)
+  and their gap bounded by CBC's best bound, ``ours / bound - 1``.
 - Simulation (``hotswitch.analysis.simulate``): per distribution and 8, 32, 256 GPUs, steps of
   16 sequences per GPU; predicted tokens/s of hot switching over the best static layout of
   each step (a per-step choice, run as its own home: stronger than any layout fixed for the
@@ -123,7 +126,13 @@ def plan_times(setups, dists, gpus, sequences, steps, seed):
 
 
 def milp_gaps(dists, hardware, cases, time_limit, seed):
-    """Gap of the planner's objective to CBC's proven optimum on small random steps."""
+    """Gap of the planner's objective to the MILP on ``cases`` small random steps.
+
+    Lengths are drawn from the documents the candidates can hold in one micro-batch (longer
+    ones are left out of the draw, not clipped). Returns one row per step: the planner's
+    objective, CBC's value and best bound, and whether CBC proved optimality within
+    ``time_limit``; the longest length a candidate holds (tokens); and, per distribution, the
+    share of documents left out of the draw."""
     model = hs.ModelConfig.preset(MODEL)
     hw = hs.HardwareProfile.from_dict(dict(hardware.to_dict(), memory_bytes=MILP_MEMORY_GIB << 30))
     topology = hs.Topology(8, GPUS_PER_NODE)
@@ -131,16 +140,20 @@ def milp_gaps(dists, hardware, cases, time_limit, seed):
     costs = {}
     rng = random.Random(seed)
     names = sorted(dists)
-    gaps, milp_ms, unproven, tried = [], [], 0, 0
-    while len(gaps) < cases and tried < 3 * cases:
-        home = tried % len(layouts)
+    rows, left_out, longest = [], {}, None
+    for case in range(cases):
+        home = case % len(layouts)
         if home not in costs:
             costs[home] = planning.switch_costs(model, hw, topology, layouts, home, method="plans")
         planner = planning.build_planner(model, hw, topology, layouts, home, costs=costs[home], exact_fallback=False)
         holds = max(planner.micro_batch_budget(i) for i in range(len(layouts)))
-        lengths = dists[names[tried % len(names)]]
-        step = [min(rng.choice(lengths), holds) for _ in range(rng.randint(12, 24))]
-        tried += 1
+        name = names[case % len(names)]
+        fits = [s for s in dists[name] if s <= holds]
+        longest = holds if longest is None else min(longest, holds)
+        left_out[name] = 1 - len(fits) / len(dists[name])
+        if not fits:
+            raise SystemExit(f"benchmarks.planner: no document of {name} fits {holds} tokens")
+        step = [rng.choice(fits) for _ in range(rng.randint(12, 24))]
         plan = planner.plan(step)
         assignment = [None] * len(plan.pieces)
         for ph in plan.phases:
@@ -149,13 +162,11 @@ def milp_gaps(dists, hardware, cases, time_limit, seed):
         pieces = [p.length for p in plan.pieces]
         ours = planner.objective(pieces, assignment).total_seconds
         result = milp.solve(planner, pieces, time_limit=time_limit, start=assignment)
-        if not result["optimal"]:
-            unproven += 1
-            continue
-        optimum = planner.objective(pieces, result["assignment"]).total_seconds
-        gaps.append(ours / optimum - 1)
-        milp_ms.append(result["solve_s"] * 1e3)
-    return gaps, milp_ms, unproven, tried
+        best = (planner.objective(pieces, result["assignment"]).total_seconds if result["assignment"] is not None
+                else None)
+        rows.append({"ours_s": ours, "milp_s": best, "bound_s": result["bound_s"], "proven": result["optimal"],
+                     "solve_s": result["solve_s"]})
+    return rows, longest, left_out
 
 
 def main(argv=None) -> int:
@@ -188,18 +199,38 @@ def main(argv=None) -> int:
     print(f"planning: 1024 sequences on 32 GPUs {ms32:.1f} ms, 4096 on 256 GPUs {ms256:.1f} ms (median of "
           f"{timing_steps} steps per distribution)")
 
-    gaps, milp_ms, unproven, tried = milp_gaps(dists, hardware, cases, time_limit, args.seed)
-    gaps_sorted = sorted(gaps)
-    out["milp_cases"] = len(gaps)
-    out["milp_unproven"] = unproven
-    out["gap_vs_milp_median"] = p50(gaps_sorted)
+    rows, longest, left_out = milp_gaps(dists, hardware, cases, time_limit, args.seed)
+    proven = [r for r in rows if r["proven"]]
+    unproven = [r for r in rows if not r["proven"]]
+    gaps = sorted(r["ours_s"] / r["milp_s"] - 1 for r in proven)
+    # Unproven steps: the optimum lies between CBC's bound and its best value, so the gap is
+    # at most ours / bound - 1 (and at least ours / best value - 1).
+    bounded = [r["ours_s"] / r["bound_s"] - 1 for r in unproven if r["bound_s"] and r["bound_s"] > 0]
+    out["milp_cases"] = len(rows)
+    out["milp_proven"] = len(proven)
+    out["milp_unproven"] = len(unproven)
+    out["milp_unproven_without_bound"] = len(unproven) - len(bounded)
+    out["gap_vs_milp_median"] = p50(gaps)
     out["gap_vs_milp_max"] = max(gaps) if gaps else float("nan")
-    out["milp_ms_median"] = p50(milp_ms)
-    print(f"MILP: {len(gaps)} steps proven optimal ({unproven} not within {time_limit:.0f} s, {tried} tried); "
-          f"gap of the planner median {out['gap_vs_milp_median']:.2%}, max {out['gap_vs_milp_max']:.2%}; "
-          f"CBC median {out['milp_ms_median']:.0f} ms")
+    out["gap_vs_milp_unproven_upper_max"] = max(bounded) if bounded else float("nan")
+    out["gap_vs_milp_unproven_lower_max"] = max(
+        (r["ours_s"] / r["milp_s"] - 1 for r in unproven if r["milp_s"]), default=float("nan"))
+    out["gap_vs_milp_upper_max_all"] = (max(gaps + bounded) if len(gaps) + len(bounded) == len(rows)
+                                        else float("nan"))
+    out["milp_ms_median"] = p50([r["solve_s"] * 1e3 for r in proven])
+    out["milp_max_length"] = longest
+    out["milp_lengths_left_out_share"] = left_out
+    unproven_note = (f"over unproven steps at most {out['gap_vs_milp_unproven_upper_max']:.2%} (CBC's bound"
+                     + (f"; {out['milp_unproven_without_bound']} without one)" if len(bounded) < len(unproven) else ")")
+                     if unproven else "none unproven")
+    print(f"MILP: {len(rows)} steps, {len(proven)} proven optimal, {len(unproven)} not within {time_limit:.0f} s; "
+          f"gap of the planner over proven steps median {out['gap_vs_milp_median']:.2%}, "
+          f"max {out['gap_vs_milp_max']:.2%}; {unproven_note}; CBC median {out['milp_ms_median']:.0f} ms")
+    print(f"MILP lengths drawn from the documents of at most {longest} tokens (what one candidate holds); left out: "
+          + ", ".join(f"{n} {share:.1%}" for n, share in left_out.items()))
 
     speedup, share, layouts, vs_home = {}, {}, {}, {}
+    print("simulated (cost model predictions, nothing run):")
     print(f"{'distribution':<14}{'GPUs':>6}{'batch':>7}{'hot tok/s':>13}{'static tok/s':>14}{'speedup':>9}"
           f"{'vs home':>9}{'switching':>11}  layouts used (phases)")
     for name, lengths in dists.items():

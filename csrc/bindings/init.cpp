@@ -43,6 +43,8 @@ py::dict statsDict(const PlanStats& s) {
   d["lower_bound_bytes"] = s.lowerBoundBytes;
   d["lower_bound_inter_node_bytes"] = s.lowerBoundInterNodeBytes;
   d["same_node_first_max_send_bytes"] = s.sameNodeFirstMaxSendBytes;
+  d["max_send_seconds"] = s.maxSendSeconds;
+  d["same_node_first_max_send_seconds"] = s.sameNodeFirstMaxSendSeconds;
   return d;
 }
 
@@ -225,8 +227,11 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def("get", [](PlanCache& cache, const TensorSet& set, const Layout& from,
                      const std::string& fromKind, const Layout& to, const std::string& toKind,
-                     const Topology& topology, const std::string& policy) {
+                     const Topology& topology, const std::string& policy, double intraNodeBandwidth,
+                     double interNodeBandwidth) {
         PlanOptions options;
+        options.intraNodeBandwidth = intraNodeBandwidth;
+        options.interNodeBandwidth = interNodeBandwidth;
         HS_CHECK(policy == "balanced" || policy == "greedy", "sender policy '", policy,
                  "' is not one of balanced, greedy");
         options.senderPolicy = policy == "greedy" ? SenderPolicy::kGreedy : SenderPolicy::kBalanced;
@@ -239,7 +244,8 @@ PYBIND11_MODULE(_C, m) {
         }
         return py::make_tuple(std::const_pointer_cast<CachedPlan>(plan), hit);
       }, py::arg("tensor_set"), py::arg("src"), py::arg("src_kind"), py::arg("dst"),
-         py::arg("dst_kind"), py::arg("topology"), py::arg("policy") = "balanced")
+         py::arg("dst_kind"), py::arg("topology"), py::arg("policy") = "balanced",
+         py::arg("intra_node_bandwidth") = 0.0, py::arg("inter_node_bandwidth") = 0.0)
       .def("__len__", &PlanCache::size)
       .def("clear", &PlanCache::clear);
 

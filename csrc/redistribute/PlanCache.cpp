@@ -1,18 +1,32 @@
 #include "redistribute/PlanCache.h"
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 
 #include "common/Check.h"
 #include "common/Logging.h"
 
 namespace hotswitch {
 
+namespace {
+
+// A double's exact bits: keys of plans for different bandwidths never collide.
+uint64_t bitsOf(double v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+}  // namespace
+
 std::string PlanCache::key(const TensorSet& set, const Layout& from, PlacementKind fromKind,
                            const Layout& to, PlacementKind toKind, const Topology& topology,
                            const PlanOptions& options) {
   return str(set.fingerprint(), "|", from.name(), ":", placementKindName(fromKind), "|", to.name(),
              ":", placementKindName(toKind), "|", topology.world(), "/", topology.ranksPerNode(),
-             "|", static_cast<int>(options.senderPolicy));
+             "|", static_cast<int>(options.senderPolicy), "|", bitsOf(options.intraNodeBandwidth), "/",
+             bitsOf(options.interNodeBandwidth));
 }
 
 std::shared_ptr<const CachedPlan> PlanCache::get(const TensorSet& set, const Layout& from,

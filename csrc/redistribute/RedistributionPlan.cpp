@@ -1,6 +1,7 @@
 #include "redistribute/RedistributionPlan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <tuple>
@@ -108,6 +109,68 @@ void forEachCell(const Piece& dst, const std::vector<PieceRef>& sources, Fn fn) 
   }
 }
 
+// The smallest largest per-sender load: demand class c carries units[c] to any of ranks[c];
+// minimumCapacity() finds the least T for which senders of capacity T take every unit (a
+// binary search over max flows), and leaves the flow at that T for flowTo().
+class SendBalancer {
+ public:
+  SendBalancer(const std::vector<std::vector<int>>& ranks, const std::vector<int64_t>& units, int world)
+      : ranks_(ranks), units_(units), world_(world), flow_(static_cast<int>(ranks.size()) + world + 2) {
+    const int numClasses = static_cast<int>(ranks.size());
+    source_ = numClasses + world;
+    sink_ = source_ + 1;
+    edges_.resize(numClasses);
+    for (int c = 0; c < numClasses; ++c) {
+      flow_.addEdge(source_, c, units[c]);
+      for (int r : ranks[c]) edges_[c][r] = flow_.addEdge(c, numClasses + r, units[c]);
+      total_ += units[c];
+    }
+    for (int r = 0; r < world; ++r) senderEdges_.push_back(flow_.addEdge(numClasses + r, sink_, 0));
+  }
+
+  int64_t minimumCapacity() {
+    if (total_ == 0) return 0;
+    int64_t lo = 0, hi = total_;
+    for (size_t c = 0; c < ranks_.size(); ++c) {
+      if (ranks_[c].size() == 1) lo = std::max(lo, units_[c] - 1);
+    }
+    lo = std::max<int64_t>(lo, (total_ + world_ - 1) / world_ - 1);
+    while (hi - lo > 1) {  // invariant: lo infeasible (or below any need), hi feasible
+      int64_t mid = lo + (hi - lo) / 2;
+      (feasible(mid) ? hi : lo) = mid;
+    }
+    feasible(hi);
+    return hi;
+  }
+
+  // Units of class c that the last flow gives to rank r.
+  int64_t flowTo(int c, int r) const {
+    auto it = edges_[c].find(r);
+    return it == edges_[c].end() ? 0 : flow_.flowOn(it->second);
+  }
+
+ private:
+  bool feasible(int64_t capacity) {
+    for (int edge : senderEdges_) flow_.setCapacity(edge, capacity);
+    return flow_.run(source_, sink_) == total_;
+  }
+
+  const std::vector<std::vector<int>>& ranks_;
+  const std::vector<int64_t>& units_;
+  int world_;
+  MaxFlow flow_;
+  int source_ = 0;
+  int sink_ = 0;
+  int64_t total_ = 0;
+  std::vector<std::map<int, int>> edges_;
+  std::vector<int> senderEdges_;
+};
+
+// Integer time units per byte over the intra- and inter-node links: the faster link's byte
+// costs kTimeResolution units, the slower one's proportionally more.
+constexpr int64_t kTimeResolution = 256;
+constexpr double kMaxBandwidthRatio = 1000;
+
 }  // namespace
 
 RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placement& from,
@@ -119,6 +182,13 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
   HS_CHECK(to.kind() != PlacementKind::kPartial, "destination placement ", to.key(),
            " is partial; a partial placement can only be a source (its summands are summed into "
            "a sharded or zero destination)");
+  const double intraBw = options.intraNodeBandwidth, interBw = options.interNodeBandwidth;
+  const bool timed = intraBw != 0 || interBw != 0;
+  HS_CHECK(!timed || (intraBw > 0 && interBw > 0 &&
+                      std::max(intraBw, interBw) <= kMaxBandwidthRatio * std::min(intraBw, interBw)),
+           "link bandwidths must both be 0 (balance bytes) or both > 0 and within a factor ",
+           kMaxBandwidthRatio, " of each other, got intra-node ", intraBw, " and inter-node ", interBw,
+           " bytes/s");
   const int world = topology.world();
   const int numTensors = static_cast<int>(set.specs.size());
 
@@ -181,53 +251,50 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
     }
   }
 
-  // Demands with the same candidate senders form one class of the flow problem.
-  std::map<std::vector<int>, int> classOf;
+  // Demands with the same candidate senders form one class of the flow problem; balancing
+  // time, also the same link: a class's candidates are all on its receivers' node or none is.
+  std::map<std::pair<std::vector<int>, bool>, int> classOf;
   std::vector<std::vector<int>> classRanks;
   std::vector<int64_t> classBytes;
+  std::vector<bool> classInterNode;
   std::vector<int> demandClass(demands.size());
   for (size_t i = 0; i < demands.size(); ++i) {
     std::vector<int> ranks;
     for (const PieceRef& c : demands[i].candidates) ranks.push_back(c.rank);
-    auto it = classOf.find(ranks);
+    const bool interNode = !topology.sameNode(ranks.front(), demands[i].needer);
+    auto key = std::make_pair(ranks, timed && interNode);
+    auto it = classOf.find(key);
     if (it == classOf.end()) {
-      it = classOf.emplace(ranks, static_cast<int>(classRanks.size())).first;
+      it = classOf.emplace(key, static_cast<int>(classRanks.size())).first;
       classRanks.push_back(ranks);
       classBytes.push_back(0);
+      classInterNode.push_back(interNode);
     }
     demandClass[i] = it->second;
     classBytes[it->second] += demands[i].box.numel() * plan.elementSizes[demands[i].tensor];
   }
-
-  // Minimum largest per-rank send under same-node-first: binary search on the sender
-  // capacity T.
   const int numClasses = static_cast<int>(classRanks.size());
-  const int source = numClasses + world;
-  const int sink = source + 1;
-  MaxFlow flow(sink + 1);
-  std::vector<std::map<int, int>> classEdges(numClasses);
-  int64_t total = 0;
-  for (int c = 0; c < numClasses; ++c) {
-    flow.addEdge(source, c, classBytes[c]);
-    for (int r : classRanks[c]) classEdges[c][r] = flow.addEdge(c, numClasses + r, classBytes[c]);
-    total += classBytes[c];
+
+  // The smallest largest per-rank send in bytes under same-node-first; balancing time, the
+  // smallest slowest send in time units, and the flow that reaches it assigns the senders.
+  SendBalancer bytes(classRanks, classBytes, world);
+  plan.stats.sameNodeFirstMaxSendBytes = bytes.minimumCapacity();
+  std::vector<int64_t> unitsPerByte(numClasses, 1);
+  std::unique_ptr<SendBalancer> seconds;
+  std::vector<int64_t> classUnits;
+  if (timed) {
+    const double fastest = std::max(intraBw, interBw);
+    const int64_t intraUnits = std::llround(kTimeResolution * fastest / intraBw);
+    const int64_t interUnits = std::llround(kTimeResolution * fastest / interBw);
+    for (int c = 0; c < numClasses; ++c) {
+      unitsPerByte[c] = classInterNode[c] ? interUnits : intraUnits;
+      classUnits.push_back(classBytes[c] * unitsPerByte[c]);
+    }
+    seconds = std::make_unique<SendBalancer>(classRanks, classUnits, world);
+    plan.stats.sameNodeFirstMaxSendSeconds =
+        static_cast<double>(seconds->minimumCapacity()) / (kTimeResolution * fastest);
   }
-  std::vector<int> senderEdge(world);
-  for (int r = 0; r < world; ++r) senderEdge[r] = flow.addEdge(numClasses + r, sink, 0);
-  auto feasible = [&](int64_t capacity) {
-    for (int r = 0; r < world; ++r) flow.setCapacity(senderEdge[r], capacity);
-    return flow.run(source, sink) == total;
-  };
-  int64_t lo = 0, hi = total;
-  for (int c = 0; c < numClasses; ++c) {
-    if (classRanks[c].size() == 1) lo = std::max(lo, classBytes[c] - 1);
-  }
-  lo = std::max<int64_t>(lo, (total + world - 1) / world - 1);
-  while (hi - lo > 1) {  // invariant: lo infeasible (or below any need), hi feasible
-    int64_t mid = lo + (hi - lo) / 2;
-    (feasible(mid) ? hi : lo) = mid;
-  }
-  plan.stats.sameNodeFirstMaxSendBytes = total == 0 ? 0 : hi;
+  const SendBalancer& balancer = timed ? *seconds : bytes;
 
   // Assign each demand (or part of it) to a sender.
   std::map<std::pair<int, int>, std::vector<Segment>> bySenderPair;
@@ -256,12 +323,13 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
       sent[best] += d.box.numel() * plan.elementSizes[d.tensor];
       assign(d, d.box, best);
     }
-  } else if (total > 0) {
-    feasible(hi);
+  } else if (!demands.empty()) {
+    // Quotas in bytes; time units round down, and a class's last sender takes what remains.
     std::vector<std::vector<std::pair<int, int64_t>>> quotas(numClasses);
     for (int c = 0; c < numClasses; ++c) {
-      for (const auto& [r, edge] : classEdges[c]) {
-        if (flow.flowOn(edge) > 0) quotas[c].push_back({r, flow.flowOn(edge)});
+      for (int r : classRanks[c]) {
+        const int64_t units = balancer.flowTo(c, r);
+        if (units > 0) quotas[c].push_back({r, units / unitsPerByte[c]});
       }
     }
     std::vector<std::vector<size_t>> members(numClasses);
@@ -313,6 +381,13 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
   for (int r = 0; r < world; ++r) {
     plan.stats.maxSendBytes = std::max(plan.stats.maxSendBytes, plan.sendBytes[r]);
     plan.stats.maxRecvBytes = std::max(plan.stats.maxRecvBytes, plan.recvBytes[r]);
+  }
+  if (timed) {
+    std::vector<double> sendSeconds(world, 0);
+    for (const Message& m : plan.messages) {
+      sendSeconds[m.src] += m.bytes / (topology.sameNode(m.src, m.dst) ? intraBw : interBw);
+    }
+    plan.stats.maxSendSeconds = *std::max_element(sendSeconds.begin(), sendSeconds.end());
   }
   HS_LOG_DEBUG("planner", "plan ", from.key(), " -> ", to.key(), ": ", plan.summary());
   return plan;

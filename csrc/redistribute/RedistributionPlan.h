@@ -9,6 +9,10 @@
 // for the smallest largest per-rank send, then the fewest messages. All transfers between
 // one (src, dst) pair fuse into one message.
 //
+// Given the links' bandwidths (PlanOptions), the balance is in time rather than bytes: the
+// slowest rank's send, intra-node bytes / intra-node bandwidth + inter-node bytes /
+// inter-node bandwidth, is made as small as the rule allows.
+//
 // Same-node-first is a rule, not an optimum over all plans: where far owners sit idle,
 // letting them send can lower the largest send (by 2x for dp4 tp2 -> tp8 on two nodes of 4)
 // at the price of inter-node bytes. hotswitch.analysis.switch_lp solves the send load
@@ -67,6 +71,10 @@ struct PlanStats {
   // elements, so maxSendBytes can exceed it by less than one element per class of demands
   // sharing the same senders.
   int64_t sameNodeFirstMaxSendBytes = 0;
+  // Given link bandwidths (else 0): the slowest rank's send seconds, and the least possible
+  // under same-node-first (exact up to the time units of the flow, 1/512 relative).
+  double maxSendSeconds = 0;
+  double sameNodeFirstMaxSendSeconds = 0;
 };
 
 enum class SenderPolicy {
@@ -76,6 +84,10 @@ enum class SenderPolicy {
 
 struct PlanOptions {
   SenderPolicy senderPolicy = SenderPolicy::kBalanced;
+  // Bytes/s one rank sends within its node and to another node. Both 0: kBalanced balances
+  // bytes; both > 0 (within a factor 1000 of each other): it balances send time.
+  double intraNodeBandwidth = 0;
+  double interNodeBandwidth = 0;
 };
 
 struct RedistributionPlan {
@@ -92,8 +104,8 @@ struct RedistributionPlan {
   std::vector<int64_t> recvBytes;                   // per rank
   PlanStats stats;
 
-  // Throws InvalidArgument when the placements are over different worlds or the
-  // destination is kPartial.
+  // Throws InvalidArgument when the placements are over different worlds, the destination
+  // is kPartial, or the options' bandwidths are not both 0 or both > 0.
   static RedistributionPlan build(const TensorSet& set, const Placement& from,
                                   const Placement& to, const Topology& topology,
                                   const PlanOptions& options = {});

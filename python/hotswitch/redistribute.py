@@ -41,14 +41,16 @@ class SwitchResult:
     bytes, largest per-rank send and receive, messages; lower bounds of the first two over
     every plan (``lower_bound_bytes``, ``lower_bound_inter_node_bytes``); and the smallest
     largest send when elements come from the receiver's node first
-    (``same_node_first_max_send_bytes``), not a bound over every plan.
+    (``same_node_first_max_send_bytes``), not a bound over every plan. Given link
+    bandwidths, also in seconds: ``max_send_seconds`` (the slowest rank's send) and
+    ``same_node_first_max_send_seconds`` (the least under that rule); else 0.
     ``seconds``: wall time of this rank's switch, split into ``pack_seconds`` (local copies
     and packing), ``exchange_seconds`` and ``unpack_seconds``; ``plan_cached``: whether the
     plan came from the cache; ``rounds``: exchanges run under ``max_buffer_bytes``.
     """
 
     shards: Shards
-    stats: Dict[str, int]
+    stats: Dict[str, Union[int, float]]
     seconds: float
     pack_seconds: float
     exchange_seconds: float
@@ -93,17 +95,26 @@ def plan_switch(
     topology: Optional["_C.Topology"] = None,
     policy: str = "balanced",
     cache: Optional["_C.PlanCache"] = None,
+    intra_node_bandwidth: float = 0.0,
+    inter_node_bandwidth: float = 0.0,
 ) -> "_C.Plan":
-    """The redistribution plan between two placements; cached per (set, src, dst, topology).
+    """The redistribution plan between two placements; cached per (set, src, dst, topology,
+    policy, bandwidths).
 
     No data moves. ``plan.stats`` holds the figures of ``SwitchResult.stats``. ``policy`` is
     ``"balanced"`` (ours) or ``"greedy"`` (a baseline: tensors in order, sender = the
-    same-node owner that has sent the least). Raises ``ValueError`` for bad input.
+    same-node owner that has sent the least). The balanced policy takes each element from
+    the receiver's node when it can and balances the senders' bytes; given both link
+    bandwidths (bytes/s one rank sends within its node and to another node, e.g. a
+    ``HardwareProfile``'s), it balances their send seconds instead. Raises ``ValueError``
+    for bad input.
     """
     _check_inputs(tensor_set, src, dst, src_kind, dst_kind)
     if topology is None:
         topology = _C.Topology(src.world, src.world)
-    plan, _ = (_default_cache if cache is None else cache).get(tensor_set, src, src_kind, dst, dst_kind, topology, policy)
+    plan, _ = (_default_cache if cache is None else cache).get(
+        tensor_set, src, src_kind, dst, dst_kind, topology, policy, float(intra_node_bandwidth),
+        float(inter_node_bandwidth))
     return plan
 
 
@@ -230,6 +241,8 @@ def switch(
     timeout: float = DEFAULT_TIMEOUT_S,
     cache: Optional["_C.PlanCache"] = None,
     donate: bool = False,
+    intra_node_bandwidth: float = 0.0,
+    inter_node_bandwidth: float = 0.0,
 ) -> SwitchResult:
     """Switches this rank's shards of ``tensor_set`` from layout ``src`` to layout ``dst``.
 
@@ -244,6 +257,8 @@ def switch(
     memory of the input shards may be reused for the outputs of a later switch of this
     group, once nothing else refers to it: the steady state of switching back and forth
     then allocates nothing. A shard the caller still holds is never overwritten.
+    ``intra_node_bandwidth`` and ``inter_node_bandwidth`` (bytes/s, both or neither): balance
+    the ranks' send time rather than their bytes (see ``plan_switch``).
 
     Raises ``ValueError`` on every rank, before any shard data moves, when a rank's input is
     wrong or ranks disagree (the message names the rank and the first difference);
@@ -282,11 +297,17 @@ def switch(
             raise ValueError(f"topology must be a hotswitch.Topology, got {type(topology).__name__}")
         # Ranks must agree on everything that shapes the exchange: the plan's inputs, the
         # memory bound (it decides the rounds) and the device.
-        extra = [f"topology {topology!r}", f"max_buffer_bytes {max_buffer_bytes}", f"device {device.type}"]
+        for name, value in (("intra_node_bandwidth", intra_node_bandwidth),
+                            ("inter_node_bandwidth", inter_node_bandwidth)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number of bytes/s, got {value!r}")
+        extra = [f"topology {topology!r}", f"max_buffer_bytes {max_buffer_bytes}", f"device {device.type}",
+                 f"link bandwidths {float(intra_node_bandwidth)!r} / {float(inter_node_bandwidth)!r} B/s"]
         key = "|".join([str(tensor_set.fingerprint()), f"{src}:{src_kind}", f"{dst}:{dst_kind}", *extra])
         describe = lambda: _describe(tensor_set, src, dst, src_kind, dst_kind, extra)  # noqa: E731
         plan, cached = (_default_cache if cache is None else cache).get(
-            tensor_set, src, src_kind, dst, dst_kind, topology, "balanced")
+            tensor_set, src, src_kind, dst, dst_kind, topology, "balanced", float(intra_node_bandwidth),
+            float(inter_node_bandwidth))
         buffers = _flatten_shards(shards, plan, tensor_set, rank, src_kind)
         for i, b in enumerate(buffers):
             if b.device.type != device.type:

@@ -90,7 +90,8 @@ inline std::string dumpPlan(const RedistributionPlan& plan) {
   }
   os << plan.summary() << '\n';
   os << "lower bounds " << plan.stats.lowerBoundBytes << ' ' << plan.stats.lowerBoundInterNodeBytes
-     << " same-node-first max send " << plan.stats.sameNodeFirstMaxSendBytes << '\n';
+     << " same-node-first max send " << plan.stats.sameNodeFirstMaxSendBytes << " B "
+     << plan.stats.sameNodeFirstMaxSendSeconds << " s, max send " << plan.stats.maxSendSeconds << " s\n";
   return os.str();
 }
 

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "TestModels.h"
 #include "common/Check.h"
 
@@ -17,12 +20,13 @@ struct GridCase {
   PlacementKind fromKind;
   PlacementKind toKind;
   bool tied = false;
+  bool timed = false;  // balance send time over links of 200 and 25 GB/s
 };
 
 std::string caseName(const ::testing::TestParamInfo<GridCase>& info) {
   const GridCase& c = info.param;
   return str("w", c.world, "_n", c.world / c.ranksPerNode, "_", placementKindName(c.fromKind), "_",
-             placementKindName(c.toKind), c.tied ? "_tied" : "");
+             placementKindName(c.toKind), c.tied ? "_tied" : "", c.timed ? "_timed" : "");
 }
 
 class PlanGridTest : public ::testing::TestWithParam<GridCase> {};
@@ -37,12 +41,17 @@ TEST_P(PlanGridTest, EveryPairDeliversExactlyTheLowerBound) {
   Topology topo(c.world, c.ranksPerNode);
   TensorSet set = transformerSet(c.world, 2 * c.world, c.tied);
   std::vector<Layout> layouts = Layout::enumerate(c.world);
+  PlanOptions options;
+  if (c.timed) {
+    options.intraNodeBandwidth = 200e9;
+    options.interNodeBandwidth = 25e9;
+  }
   int pairs = 0;
   for (const Layout& a : layouts) {
     for (const Layout& b : layouts) {
       Placement from = Placement::make(set, a, c.fromKind);
       Placement to = Placement::make(set, b, c.toKind);
-      RedistributionPlan plan = RedistributionPlan::build(set, from, to, topo);
+      RedistributionPlan plan = RedistributionPlan::build(set, from, to, topo, options);
       auto report = simulate(set, from, to, topo, plan);
       SCOPED_TRACE(from.key() + " -> " + to.key());
       EXPECT_EQ(report.wrongValue, 0);
@@ -56,9 +65,13 @@ TEST_P(PlanGridTest, EveryPairDeliversExactlyTheLowerBound) {
                   testing::smallestLargestSend(report.sameNodeFirstSenders, c.world));
       }
       EXPECT_GE(plan.stats.maxSendBytes, plan.stats.sameNodeFirstMaxSendBytes);
-      EXPECT_LE(plan.stats.maxSendBytes, plan.stats.sameNodeFirstMaxSendBytes + 4 * c.world * 4);
+      if (c.timed) {
+        EXPECT_GE(plan.stats.maxSendSeconds, plan.stats.sameNodeFirstMaxSendSeconds * (1 - 1.0 / 256));
+      } else {
+        EXPECT_LE(plan.stats.maxSendBytes, plan.stats.sameNodeFirstMaxSendBytes + 4 * c.world * 4);
+      }
       if (a == b && c.fromKind == c.toKind) EXPECT_EQ(plan.stats.bytesMoved, 0);
-      RedistributionPlan again = RedistributionPlan::build(set, from, to, topo);
+      RedistributionPlan again = RedistributionPlan::build(set, from, to, topo, options);
       ASSERT_EQ(again.messages.size(), plan.messages.size());
       for (size_t i = 0; i < plan.messages.size(); ++i) {
         ASSERT_EQ(again.messages[i].segments.size(), plan.messages[i].segments.size());
@@ -80,11 +93,13 @@ std::vector<GridCase> gridCases() {
   for (int w = 1; w <= 16; ++w) {
     out.push_back({w, w, PlacementKind::kSharded, PlacementKind::kSharded});
     if (w % 2 == 0) out.push_back({w, w / 2, PlacementKind::kSharded, PlacementKind::kSharded});
+    if (w % 4 == 0) out.push_back({w, w / 2, PlacementKind::kSharded, PlacementKind::kSharded, false, true});
     if (w <= 8) {
       out.push_back({w, w, PlacementKind::kSharded, PlacementKind::kZero});
       out.push_back({w, w, PlacementKind::kZero, PlacementKind::kSharded});
       out.push_back({w, w, PlacementKind::kPartial, PlacementKind::kSharded});
       if (w % 2 == 0) out.push_back({w, w / 2, PlacementKind::kPartial, PlacementKind::kZero});
+      if (w % 2 == 0) out.push_back({w, w / 2, PlacementKind::kPartial, PlacementKind::kZero, false, true});
       out.push_back({w, w, PlacementKind::kPartial, PlacementKind::kSharded, /*tied=*/true});
       out.push_back({w, w, PlacementKind::kSharded, PlacementKind::kSharded, /*tied=*/true});
     }
@@ -187,6 +202,40 @@ TEST(RedistributionPlanTest, SameNodeFirstCanDoubleTheLargestSend) {
     EXPECT_EQ(plan.stats.sameNodeFirstMaxSendBytes, sharded / 4);
     EXPECT_EQ(plan.stats.maxSendBytes, sharded / 4);
     EXPECT_EQ(testing::smallestLargestSend(report.anyOwnerSenders, 8), sharded / 8);
+  }
+}
+
+// Given link bandwidths the senders are balanced in time. dp2 tp4 pp2 -> dp8 tp2 on two nodes
+// of 8: ranks that must send across nodes also hold what their node needs; balancing bytes
+// gives them near sends too, balancing time leaves those to their idle neighbours.
+TEST(RedistributionPlanTest, BalancesSendTimeGivenBandwidths) {
+  TensorSet set = transformerSet(4, 64);
+  Topology topo(16, 8);
+  const Placement from = Placement::make(set, Layout(2, 4, 2));
+  const Placement to = Placement::make(set, Layout(8, 2, 1));
+  const double intra = 200e9, inter = 25e9;
+  PlanOptions timed;
+  timed.intraNodeBandwidth = intra;
+  timed.interNodeBandwidth = inter;
+  auto byBytes = RedistributionPlan::build(set, from, to, topo);
+  auto byTime = RedistributionPlan::build(set, from, to, topo, timed);
+  auto report = simulate(set, from, to, topo, byTime);
+  EXPECT_EQ(report.wrongValue + report.wrongWrites + report.strayWrites, 0);
+  EXPECT_EQ(byBytes.stats.maxSendSeconds, 0);
+  EXPECT_EQ(byTime.stats.bytesMoved, byBytes.stats.bytesMoved);
+  EXPECT_EQ(byTime.stats.interNodeBytes, byBytes.stats.interNodeBytes);
+  EXPECT_GT(byTime.stats.interNodeBytes, 0);
+  std::vector<double> seconds(16, 0);
+  for (const Message& m : byBytes.messages) seconds[m.src] += m.bytes / (topo.sameNode(m.src, m.dst) ? intra : inter);
+  const double bytesBalanced = *std::max_element(seconds.begin(), seconds.end());
+  EXPECT_LT(byTime.stats.maxSendSeconds * 1.2, bytesBalanced);
+  EXPECT_GE(byTime.stats.maxSendSeconds, byTime.stats.sameNodeFirstMaxSendSeconds * (1 - 1.0 / 256));
+  EXPECT_LE(byTime.stats.maxSendSeconds, byTime.stats.sameNodeFirstMaxSendSeconds * 1.01);
+  for (auto [a, b] : {std::pair{1e9, 0.0}, {-1.0, -1.0}, {1e6, 2e9}}) {
+    PlanOptions bad;
+    bad.intraNodeBandwidth = a;
+    bad.interNodeBandwidth = b;
+    EXPECT_THROW(RedistributionPlan::build(set, from, to, topo, bad), InvalidArgument) << a << " / " << b;
   }
 }
 

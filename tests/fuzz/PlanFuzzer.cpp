@@ -9,6 +9,7 @@
 // lower-bound bytes; agree with SwitchEstimate on what each rank receives; and come out the
 // same when built again.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -167,7 +168,7 @@ void run(FuzzInput& in) {
   for (int i = 0; i < numSpecs; ++i) set.specs.push_back(spec(in, i, std::max(1, set.numLayers)));
   const PlacementKind fromKind = static_cast<PlacementKind>(in.range(0, 2));
   const PlacementKind toKind = static_cast<PlacementKind>(in.chance(16) ? 2 : in.range(0, 1));
-  const PlanOptions options{in.chance(64) ? SenderPolicy::kGreedy : SenderPolicy::kBalanced};
+  PlanOptions options{in.chance(64) ? SenderPolicy::kGreedy : SenderPolicy::kBalanced};
 
   std::unique_ptr<Topology> topo;
   std::unique_ptr<Placement> from, to;
@@ -180,6 +181,10 @@ void run(FuzzInput& in) {
     // world check that callers (PlanCache) run first; small mismatched ones reach build().
     if (a.world() > 64) a.validate(world);
     if (b.world() > 64) b.validate(world);
+    if (in.chance(64)) {  // balance send time over links of random speeds, some invalid
+      options.intraNodeBandwidth = static_cast<double>(in.range(0, 1 << 20));
+      options.interNodeBandwidth = static_cast<double>(in.range(0, 1 << 20));
+    }
     from = std::make_unique<Placement>(Placement::make(set, a, fromKind));
     to = std::make_unique<Placement>(Placement::make(set, b, toKind));
     plan = std::make_unique<RedistributionPlan>(RedistributionPlan::build(set, *from, *to, *topo, options));
@@ -188,6 +193,12 @@ void run(FuzzInput& in) {
   }
   // What built must be what the docs allow.
   FUZZ_CHECK(toKind != PlacementKind::kPartial, "a partial destination was accepted");
+  {
+    const double intra = options.intraNodeBandwidth, inter = options.interNodeBandwidth;
+    FUZZ_CHECK((intra == 0 && inter == 0) ||
+                   (intra > 0 && inter > 0 && std::max(intra, inter) <= 1000 * std::min(intra, inter)),
+               "bandwidths ", intra, " / ", inter, " accepted");
+  }
   FUZZ_CHECK(from->world() == world && to->world() == world, "worlds ", from->world(), ", ", to->world(),
              " accepted for topology world ", world);
   for (const ParamSpec& s : set.specs) {
@@ -199,9 +210,18 @@ void run(FuzzInput& in) {
 
   checkDelivery(set, *from, *to, *topo, *plan);
   if (options.senderPolicy == SenderPolicy::kBalanced) {
-    FUZZ_CHECK(plan->stats.maxSendBytes >= plan->stats.sameNodeFirstMaxSendBytes, "largest send ",
-               plan->stats.maxSendBytes, " below the same-node-first optimum ",
-               plan->stats.sameNodeFirstMaxSendBytes);
+    if (options.intraNodeBandwidth > 0) {
+      // Time units round each class's quota down by under one byte per sender.
+      FUZZ_CHECK(plan->stats.maxSendSeconds >= plan->stats.sameNodeFirstMaxSendSeconds * (1 - 1.0 / 256),
+                 "slowest send ", plan->stats.maxSendSeconds, " s below the same-node-first optimum ",
+                 plan->stats.sameNodeFirstMaxSendSeconds, " s");
+    } else {
+      FUZZ_CHECK(plan->stats.maxSendBytes >= plan->stats.sameNodeFirstMaxSendBytes, "largest send ",
+                 plan->stats.maxSendBytes, " below the same-node-first optimum ",
+                 plan->stats.sameNodeFirstMaxSendBytes);
+      FUZZ_CHECK(plan->stats.maxSendSeconds == 0 && plan->stats.sameNodeFirstMaxSendSeconds == 0,
+                 "seconds stated without bandwidths");
+    }
     const SwitchEstimate estimate = SwitchEstimate::of(set, *from, *to, *topo);
     for (int r = 0; r < world; ++r) {
       FUZZ_CHECK(estimate.recvIntraNodeBytes[r] + estimate.recvInterNodeBytes[r] == plan->recvBytes[r],

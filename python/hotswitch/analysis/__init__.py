@@ -1,4 +1,5 @@
 """Analysis on top of the library: planner simulations (``simulate``), pictures of step plans
-(``plots``) and the exact MILP reference of the planner (``milp``, PuLP with CBC). Nothing
-here runs during training.
+(``plots``), the exact MILP reference of the planner (``milp``, PuLP with CBC) and the linear
+program of a switch's send load that lets any owner send (``switch_lp``). Nothing here runs
+during training.
 """

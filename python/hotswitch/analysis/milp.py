@@ -16,6 +16,10 @@ assignment, its value, and whether CBC proved it optimal; ``Planner.objective`` 
 the same assignment independently, which the tests compare.
 """
 
+import decimal
+import os
+import re
+import tempfile
 import time
 from typing import List, Optional, Sequence
 
@@ -41,6 +45,25 @@ def piece_terms(model: "_C.CandidateModel", s: int):
     return u, v, m
 
 
+def _log_bound(log: str, constant: float) -> Optional[float]:
+    """CBC's best bound from its log: the "Lower bound" of its result, else the last "best
+    possible" of its progress lines; less half a unit of its last printed digit (the log
+    rounds it, and a bound must not rise), plus the objective's constant, which CBC never
+    sees."""
+    found = re.findall(r"^Lower bound:\s*(\S+)", log, flags=re.M)
+    if not found:
+        found = re.findall(r"best possible (-?[0-9.eE+-]+)", log)
+    if not found:
+        return None
+    try:
+        printed = decimal.Decimal(found[-1])
+    except decimal.InvalidOperation:
+        return None
+    if not printed.is_finite():
+        return None
+    return float(printed) - 0.5 * 10.0 ** printed.as_tuple().exponent + constant
+
+
 def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start: Optional[List[int]] = None,
           threads: int = 1) -> dict:
     """Minimises the planner's objective over assignments of ``piece_lengths`` (tokens, ints
@@ -49,6 +72,8 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
     ``start``: an assignment (candidate index per piece) CBC starts from, e.g. the planner's.
     Returns a dict: ``assignment`` (candidate per piece, or None when CBC found none),
     ``objective_s`` (the program's value of it, seconds), ``optimal`` (proved by CBC),
+    ``bound_s`` (CBC's best bound on the optimum, seconds: its value when proved optimal, the
+    "Lower bound" of its log when stopped early, None when the log states none),
     ``status`` (PuLP's), ``solve_s`` (wall seconds in CBC) and ``variables``. Raises
     ValueError for an empty or non-positive length, or a piece no candidate holds.
     """
@@ -139,21 +164,29 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
             var.setInitialValue(1 if start[i] == l else 0)
         for l in range(L):
             y[l].setInitialValue(1 if l in start else 0)
-    solver = pulp.COIN_CMD(path=CBC_PATH, msg=False, timeLimit=time_limit, gapRel=0, gapAbs=0, warmStart=warm,
-                           threads=threads)
-    t0 = time.perf_counter()
-    prob.solve(solver)
-    elapsed = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="hotswitch-milp-") as tmp:
+        log_path = os.path.join(tmp, "cbc.log")
+        solver = pulp.COIN_CMD(path=CBC_PATH, msg=False, timeLimit=time_limit, gapRel=0, gapAbs=0,
+                               warmStart=warm, threads=threads, logPath=log_path)
+        t0 = time.perf_counter()
+        prob.solve(solver)
+        elapsed = time.perf_counter() - t0
+        with open(log_path) as f:
+            log = f.read()
+    optimal = prob.sol_status == pulp.LpSolutionOptimal
     assignment = None
     if prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         assignment = []
         for i in range(n):
             chosen = [l for l in range(L) if (i, l) in x and (x[i, l].value() or 0) > 0.5]
             assignment.append(chosen[0])
+    objective_s = pulp.value(prob.objective) if assignment is not None else None
+    bound_s = objective_s if optimal else _log_bound(log, prob.objective.constant)
     return {
         "assignment": assignment,
-        "objective_s": pulp.value(prob.objective) if assignment is not None else None,
-        "optimal": prob.sol_status == pulp.LpSolutionOptimal,
+        "objective_s": objective_s,
+        "optimal": optimal,
+        "bound_s": bound_s,
         "status": pulp.LpStatus[prob.status],
         "solve_s": elapsed,
         "variables": len(prob.variables()),

@@ -12,7 +12,7 @@ where a demand class c = (receiver, owner set) gathers the bytes a receiver lack
 exactly those ranks hold (a receiver's own elements are local copies and cost nothing).
 Each class is fully received, ``sum_r x[c, r] = bytes(c)``, and the program minimises the
 slowest sender: with bandwidths, its seconds ``intra / intra_bw + inter / inter_bw``; without,
-its bytes. The program is fractional (any split of a class among its owners); a plan moves
+its bytes. ``same_node_first=True`` restores the plans' rule, to check their optima. The program is fractional (any split of a class among its owners); a plan moves
 whole elements, which can cost it less than one element per class and sender.
 
 The demand classes are computed here from the placements' pieces (``Placement.pieces``),
@@ -131,8 +131,10 @@ def demand_classes(tensor_set, src, dst, src_kind: str = "sharded", dst_kind: st
 
 def solve(tensor_set, src, dst, ranks_per_node: int, *, src_kind: str = "sharded", dst_kind: str = "sharded",
           intra_node_bandwidth: Optional[float] = None, inter_node_bandwidth: Optional[float] = None,
-          classes: Optional[Dict[Tuple[int, FrozenSet[int]], int]] = None) -> dict:
-    """The smallest largest per-rank send of the switch ``src -> dst`` when any owner may send.
+          classes: Optional[Dict[Tuple[int, FrozenSet[int]], int]] = None, same_node_first: bool = False) -> dict:
+    """The smallest largest per-rank send of the switch ``src -> dst`` when any owner may send
+    (``same_node_first``: only owners on the receiver's node where there are any, the plans'
+    rule).
 
     With both bandwidths (bytes/s) the program minimises the slowest rank's send seconds
     ``intra / intra_node_bandwidth + inter / inter_node_bandwidth``; without, its send bytes.
@@ -171,7 +173,11 @@ def solve(tensor_set, src, dst, ranks_per_node: int, *, src_kind: str = "sharded
     top = pulp.LpVariable("top", lowBound=0)
     x = {}
     load = defaultdict(list)
-    for c, ((receiver, owners), numel_bytes) in enumerate(sorted(classes.items(), key=lambda kv: (kv[0][0], sorted(kv[0][1])))):
+    ordered = sorted(classes.items(), key=lambda kv: (kv[0][0], sorted(kv[0][1])))
+    for c, ((receiver, owners), numel_bytes) in enumerate(ordered):
+        near = [r for r in owners if node[r] == node[receiver]]
+        if same_node_first and near:
+            owners = near
         vars_ = []
         for r in sorted(owners):
             v = pulp.LpVariable(f"x_{c}_{r}", lowBound=0)

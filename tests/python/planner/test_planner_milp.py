@@ -105,3 +105,28 @@ def test_bad_input_names_the_piece():
         planner.objective([planner.micro_batch_budget(0) + 1], [0])
     with pytest.raises(ValueError, match="outside the candidates"):
         planner.objective([5], [2])
+
+
+def test_bound_of_a_step_cbc_does_not_prove():
+    # 200 pieces over 5 layouts: CBC does not prove the optimum within a second here, and its
+    # log's best bound lies below its best value (equal to it when proven).
+    names = ["dp8", "dp4tp2", "dp2tp4", "tp8", "dp4pp2"]
+    planner = _planner(names, home=0, seed=5)
+    holds = max(planner.micro_batch_budget(i) for i in range(len(names)))
+    lengths = _lengths(random.Random(5), 200, holds)
+    result = milp.solve(planner, lengths, time_limit=1, start=_assignment(planner.plan(lengths)))
+    assert result["bound_s"] is not None and result["objective_s"] is not None
+    if result["optimal"]:
+        assert result["bound_s"] == result["objective_s"]
+    else:
+        assert 0 < result["bound_s"] <= result["objective_s"] * (1 + 1e-9)
+
+
+def test_bound_read_from_the_log():
+    stopped = ("Cbc0010I After 0 nodes, 1 on tree, 2611902 best solution, best possible 2607338.1 (0.87 seconds)\n"
+               "Result - Stopped on time limit\n\nObjective value:                2611902.00000000\n"
+               "Lower bound:                    2607338.097\nGap:                            0.00\n")
+    # The printed bound is rounded: half a unit of its last digit comes off.
+    assert milp._log_bound(stopped, 0.5) == pytest.approx(2607338.0965 + 0.5, abs=1e-6)
+    assert milp._log_bound(stopped.split("Result")[0], 0.0) == pytest.approx(2607338.05, abs=1e-6)
+    assert milp._log_bound("Result - Stopped on time limit\n", 0.0) is None

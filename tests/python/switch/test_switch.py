@@ -24,6 +24,14 @@ def test_every_ordered_pair_world4():
         assert failures == []
 
 
+def test_every_ordered_pair_two_nodes_balancing_send_time():
+    names = _layouts(4)
+    pairs = [(a, "sharded", b, "sharded") for a, b in itertools.product(names, names)]
+    pairs += [(a, "sharded", b, "zero") for a, b in itertools.product(names, ["dp4", "dp2tp2"])]
+    for failures in run_world(4, w.every_pair, pairs, False, 2, (200e9, 25e9), timeout=300):
+        assert failures == []
+
+
 def test_every_ordered_pair_world8_tied_embedding():
     names = _layouts(8)
     pairs = [(a, "sharded", b, "sharded") for a, b in itertools.product(names, names)]
@@ -64,6 +72,9 @@ def test_bounded_memory_runs_in_rounds():
     ("topology_type", "topology must be a hotswitch.Topology"),
     ("topology_disagree", "ranks_per_node=2"),
     ("uneven", "is not divisible by tp("),
+    ("bandwidth_disagree", "link bandwidths"),
+    ("bandwidth_one", "got intra-node 0 and inter-node 2.5e+10"),
+    ("bandwidth_type", "intra_node_bandwidth must be a number of bytes/s, got 'fast'"),
 ])
 def test_bad_input_raises_value_error_everywhere_and_changes_nothing(case, needle):
     for message, intact, recovered in run_world(4, w.bad_input, case):

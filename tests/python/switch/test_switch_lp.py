@@ -66,11 +66,13 @@ def test_every_pair_of_8_ranks_against_the_program(per_node):
         lp = switch_lp.solve(ts, src, dst, per_node, classes=classes)
         assert lp["optimum"] <= stats["same_node_first_max_send_bytes"] * (1 + 1e-7)
         assert stats["same_node_first_max_send_bytes"] <= stats["max_send_bytes"]
+        # Under the plans' rule the program's optimum is the plan's (in whole bytes, rounded
+        # up); on one node every owner is near and the rule restricts nothing.
+        rule = switch_lp.solve(ts, src, dst, per_node, classes=classes, same_node_first=True)
+        gap = stats["same_node_first_max_send_bytes"] - rule["optimum"]
+        assert -1e-7 * rule["optimum"] <= gap < 1 + 1e-7 * rule["optimum"]
         if per_node == 8:
-            # One node: every owner is near, so same-node-first is no restriction and the
-            # plan's optimum (whole bytes, rounded up) is the program's.
-            gap = stats["same_node_first_max_send_bytes"] - lp["optimum"]
-            assert -1e-7 * lp["optimum"] <= gap < 1 + 1e-7 * lp["optimum"]
+            assert rule["optimum"] == pytest.approx(lp["optimum"], rel=1e-7)
         timed = switch_lp.solve(ts, src, dst, per_node, classes=classes, intra_node_bandwidth=INTRA,
                                 inter_node_bandwidth=INTER)
         assert timed["optimum"] <= switch_lp.plan_send_seconds(plan, per_node, INTRA, INTER) * (1 + 1e-6)
@@ -96,3 +98,38 @@ def test_bad_arguments_raise_value_error():
         switch_lp.solve(ts, hs.Layout(dp=8), hs.Layout(tp=8), 4, intra_node_bandwidth=1e9, inter_node_bandwidth=0)
     with pytest.raises(ValueError, match="world 4"):
         switch_lp.demand_classes(ts, hs.Layout(dp=8), hs.Layout(tp=4))
+
+
+@pytest.mark.parametrize("per_node", [4, 2])
+def test_time_balanced_plans_reach_the_same_node_first_program(per_node):
+    # Split dims large enough that whole elements round the quotas by little.
+    ts = model_set(hidden=64, ffn=128, vocab=160)
+    layouts = hs.Layout.enumerate(8)
+    topology = hs.Topology(8, per_node)
+    gains = []
+    for src, dst in itertools.product(layouts, layouts):
+        by_bytes = hs.plan_switch(ts, src, dst, topology=topology)
+        plan = hs.plan_switch(ts, src, dst, topology=topology, intra_node_bandwidth=INTRA, inter_node_bandwidth=INTER)
+        stats = plan.stats
+        assert stats["bytes_moved"] == by_bytes.stats["bytes_moved"]
+        assert stats["inter_node_bytes"] == by_bytes.stats["inter_node_bytes"]  # the same rule
+        assert by_bytes.stats["max_send_seconds"] == 0
+        ours = switch_lp.plan_send_seconds(plan, per_node, INTRA, INTER)
+        assert stats["max_send_seconds"] == pytest.approx(ours, rel=1e-12)
+        if stats["bytes_moved"] == 0:
+            assert ours == stats["same_node_first_max_send_seconds"] == 0
+            continue
+        rule = switch_lp.solve(ts, src, dst, per_node, intra_node_bandwidth=INTRA, inter_node_bandwidth=INTER,
+                               same_node_first=True)["optimum"]
+        assert stats["same_node_first_max_send_seconds"] == pytest.approx(rule, rel=1 / 256)
+        assert rule * (1 - 1e-7) <= ours <= rule * (1 + 1e-3)
+        gains.append(switch_lp.plan_send_seconds(by_bytes, per_node, INTRA, INTER) / ours)
+    # Never slower than balancing bytes, and faster for some pairs.
+    assert min(gains) >= 1 - 1e-6
+    assert max(gains) > 1.2
+
+
+def test_plan_switch_refuses_one_bandwidth():
+    with pytest.raises(ValueError, match="got intra-node 1e\\+09 and inter-node 0"):
+        hs.plan_switch(model_set(num_layers=2), hs.Layout(dp=4), hs.Layout(tp=4), topology=hs.Topology(4, 2),
+                       intra_node_bandwidth=1e9)

@@ -17,16 +17,19 @@ def _equal(a, b):
     return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
 
 
-def every_pair(rank, world, pairs, tied):
-    """Switches through every (src, src_kind, dst, dst_kind) and compares with the reference."""
+def every_pair(rank, world, pairs, tied, ranks_per_node=None, bandwidths=(0.0, 0.0)):
+    """Switches through every (src, src_kind, dst, dst_kind) and compares with the reference;
+    plans balance send time when ``bandwidths`` (intra, inter bytes/s) are given."""
     ts = model_set(tied=tied)
+    topology = hs.Topology(world, ranks_per_node) if ranks_per_node else None
     fulls = full_tensors(ts)
     failures = []
     for src, src_kind, dst, dst_kind in pairs:
         a, b = hs.Layout.parse(src), hs.Layout.parse(dst)
         shards = shards_for(ts, fulls, a, rank, src_kind)
         before = {k: v.clone() for k, v in shards.items()} if isinstance(shards, dict) else shards.clone()
-        result = hs.switch(shards, ts, a, b, src_kind=src_kind, dst_kind=dst_kind, timeout=60)
+        result = hs.switch(shards, ts, a, b, src_kind=src_kind, dst_kind=dst_kind, timeout=60, topology=topology,
+                           intra_node_bandwidth=bandwidths[0], inter_node_bandwidth=bandwidths[1])
         if not _equal(result.shards, shards_for(ts, fulls, b, rank, dst_kind)):
             failures.append(f"{src}:{src_kind} -> {dst}:{dst_kind}")
         if not _equal(shards, before):
@@ -92,6 +95,12 @@ def bad_input(rank, world, case):
         kwargs["topology"] = hs.Topology(4, 2)
     elif case == "kind":
         kwargs["dst_kind"] = "sharded_zero"
+    elif case == "bandwidth_disagree" and rank == 1:
+        kwargs.update(intra_node_bandwidth=200e9, inter_node_bandwidth=25e9)
+    elif case == "bandwidth_one":
+        kwargs["inter_node_bandwidth"] = 25e9
+    elif case == "bandwidth_type" and rank == 2:
+        kwargs["intra_node_bandwidth"] = "fast"
     elif case == "uneven":
         b = hs.Layout.parse("tp4")
         ts = model_set(hidden=6, ffn=12, vocab=12)
