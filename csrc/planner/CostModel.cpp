@@ -9,13 +9,19 @@ namespace hotswitch {
 
 namespace {
 
-// Element accesses per token and layer of the elementwise kernels (3 in CostModel.h), forward
-// and backward: per hidden element for the norms and residual adds, per MLP intermediate
-// element for the activation, per q/k element for the rotary embedding.
-constexpr double kNormResidualAccesses = 26;
-constexpr double kGeluAccesses = 5;
-constexpr double kSwigluAccesses = 8;
-constexpr double kRotaryAccesses = 4;
+// Bytes the elementwise kernels of one layer move per element, forward and backward, at 16
+// bits (3 in CostModel.h), as Megatron-LM implements each family. gpt: two fused LayerNorms
+// (10 bytes each) and two fused bias-dropout-residual adds (18 each) per hidden element; a
+// fused bias-GeLU per MLP intermediate element. llama: two RMSNorms in plain PyTorch
+// operations in fp32 (cast, square, mean, scale, cast back, weight: 106 each) and two
+// dropout-residual adds (22 each) per hidden element; SwiGLU as silu(gate) * up with its
+// chunk (34) per intermediate element; rotary embedding in plain operations (cos/sin
+// products, rotate-half by chunk and concatenation: 58) per element of q and k.
+constexpr double kGptNormRegionBytes = 2 * 10 + 2 * 18;
+constexpr double kGptActivationBytes = 10;
+constexpr double kLlamaNormRegionBytes = 2 * 106 + 2 * 22;
+constexpr double kLlamaActivationBytes = 34;
+constexpr double kLlamaRotaryBytes = 58;
 // Bytes per logit of cross entropy over fp32 logits (6 in CostModel.h).
 constexpr double kLossBytesPerLogit = 32;
 // Training FLOPs of causal flash attention per s^2 * h / t: forward 2, backward 5.
@@ -223,9 +229,10 @@ LayoutTerms CostModel::terms(const Layout& layout) const {
   const double attention = (model_.recompute ? kAttentionRecomputeFlops : kAttentionFlops) * (h / t) * pad /
                            hardware_.achievedAttentionFlops();
   // 3. Elementwise kernels.
-  const double accesses = kNormResidualAccesses * h / (sp ? t : 1.0) + (gpt ? kGeluAccesses : kSwigluAccesses) * f / t +
-                          (gpt ? 0.0 : kRotaryAccesses * (h + kv) / t);
-  const double elementwise = memorySeconds(b * accesses) * (model_.recompute ? 4.0 / 3.0 : 1.0);
+  const double bytes = gpt ? kGptNormRegionBytes * h / (sp ? t : 1.0) + kGptActivationBytes * f / t
+                           : kLlamaNormRegionBytes * h / (sp ? t : 1.0) + kLlamaActivationBytes * f / t +
+                                 kLlamaRotaryBytes * (h + kv) / t;
+  const double elementwise = memorySeconds(bytes * b / 2.0) * (model_.recompute ? 4.0 / 3.0 : 1.0);
 
   LayoutTerms out;
   out.beta = layers * attention;

@@ -32,12 +32,14 @@
 //      T_att = 7 (h/t) pad (s^2 + s_half s) / (P e_a)
 //    Packed sequences attend only to themselves (sum over the micro-batch's sequences);
 //    padded ones are sequences of the padded length.
-// 3. Elementwise kernels, memory-bound, per token: 26 element accesses per hidden element for
-//    the two norms and the two bias-dropout-residual adds (forward and backward), on h/t
-//    elements under sequence parallelism and h otherwise; the MLP's activation on its f/t
-//    intermediate elements, 5 accesses (gpt: GeLU) or 8 (llama: SwiGLU); rotary embedding
-//    (llama) on q and k, 4 accesses per element of their (h + kv) / t:
-//      T_ew = b * accesses / M   (x 4/3 with recomputation)
+// 3. Elementwise kernels, memory-bound, per token: the bytes they move per element, as
+//    Megatron-LM implements each family (CostModel.cpp lists them). gpt: fused LayerNorms and
+//    bias-dropout-residual adds, 56 bytes per hidden element, and a fused bias-GeLU, 10 per
+//    MLP intermediate element; llama: RMSNorm in fp32 plain operations and unfused residual
+//    adds, 256 per hidden element, SwiGLU 34 per intermediate element, rotary embedding 58 per
+//    element of q and k. Hidden elements number h/t under sequence parallelism (h otherwise),
+//    intermediate ones f/t, q and k ones (h + kv)/t:
+//      T_ew = bytes * (b / 2) / M   (x 4/3 with recomputation)
 // 4. Tensor-parallel collectives (t > 1): with sequence parallelism each layer all-gathers
 //    its n x h input twice and reduce-scatters twice forward, as many backward (8, 12 with
 //    recomputation); without, 2 all-reduces forward and 2 backward (the same traffic). One

@@ -197,23 +197,24 @@ TEST(CostModelTest, PhaseRunsTheLastStageAndMiddleStagesThroughOneForwardOneBack
 
 TEST(CostModelTest, ProductEfficiencySaturatesInTheWorkOfOneKernel) {
   // With memory traffic modelled, a micro-batch of n tokens costs alpha * n + o in products:
-  // its achieved FLOP rate rises with n towards peak * efficiency and never exceeds it.
+  // its achieved FLOP rate rises with n, quickly at first, then levels off below
+  // peak * efficiency.
   ModelConfig m = ModelConfig::preset("llama-7b");
   HardwareProfile hw = HardwareProfile::preset("h100-datasheet");
   hw.memoryEfficiency = 0.5;
   hw.attentionEfficiency = 1.0;
   CostModel cost(m, hw, Topology(1, 1));
   const Layout layout(1, 1, 1);
-  double previous = 0;
+  std::vector<double> rates;
   for (int64_t n : {16, 128, 1024, 8192, 65536}) {
     // n sequences of one token: attention is negligible.
     const double seconds = cost.phase(layout, {{std::vector<int64_t>(n, 1)}}).totalSeconds;
-    const double rate = 3 * (cost.forwardFlops(1) - 2.0 * 32 * 4096) * n / seconds;
-    EXPECT_GT(rate, previous) << n;
-    EXPECT_LT(rate, hw.achievedFlops()) << n;
-    previous = rate;
+    rates.push_back(3 * (cost.forwardFlops(1) - 2.0 * 32 * 4096) * n / seconds);
+    EXPECT_LT(rates.back(), hw.achievedFlops()) << n;
+    if (rates.size() > 1) EXPECT_GT(rates.back(), rates[rates.size() - 2]) << n;
   }
-  EXPECT_GT(previous, 0.8 * hw.achievedFlops());
+  EXPECT_GT(rates[1] / rates[0], 1.5);
+  EXPECT_LT(rates[4] / rates[3], 1.05);
   // Narrower shards move more bytes per FLOP: tp = 2 costs a rank more than half of tp = 1.
   CostModel node(m, hw, Topology(8, 8));
   const LayoutTerms one = node.terms(Layout(8, 1, 1)), two = node.terms(Layout(4, 2, 1));

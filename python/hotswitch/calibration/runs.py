@@ -87,6 +87,8 @@ _LOG_OFFSET = {"attention_half_length": 1.0, "intra_node_latency": 1e-7, "inter_
                "layer_overhead_seconds": 1e-6, "step_overhead_seconds": 1e-3}
 GPUS_PER_NODE = 8
 PAIR_MARGIN = 0.05
+# The fit stops when an iteration lowers the sum of squares by less than this share.
+_TOLERANCE = 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +291,9 @@ def _parse_row(path: str, row: int, r: Dict[str, str]) -> Run:
     try:
         run.model_config().validate(run.layout())
     except ValueError as e:
-        column = "tp" if "tp(" in str(e) else "pp" if "pp(" in str(e) else "hidden_size"
+        text = str(e)
+        column = next((c for key, c in (("tp(", "tp"), ("pp(", "pp"), ("num_query_groups", "num_query_groups"),
+                                        ("num_attention_heads", "num_attention_heads")) if key in text), "hidden_size")
         fail(column)(f"a layout the model divides ({e})")
     return run
 
@@ -559,7 +563,7 @@ def fit(runs: Sequence[Run], base: "_C.HardwareProfile", steps: int = 8, seed: i
             rt = residuals(trial)
             ct = float(rt @ rt)
             if ct < cost:
-                improved = cost - ct > 1e-10 * cost
+                improved = cost - ct > _TOLERANCE * cost
                 z, r, cost = trial, rt, ct
                 damping = max(damping / 5.0, 1e-9)
                 break
