@@ -17,7 +17,8 @@
   ``sim_speedup_vs_home``: hot switching over its home layout, the best static layout that
   holds the max context, running the same packed steps (the speedup of switching itself);
   ``sim_speedup_vs_padded_static``: over the best static layout that pads every sequence to
-  the max context, one sequence a micro-batch (Megatron-LM without packing).
+  the max context, one sequence a micro-batch (Megatron-LM without packing). Switch costs come
+  from redistribution plans (``--quick``: from the ranks' receive volumes, ``SwitchEstimate``).
   ``sim_layouts``: per run, each layout the hot plans used with the median shortest and
   longest piece it ran and how many phases.
 - ``plan_ms_p50_1024seq_32gpu``: median wall time of ``Planner.plan`` for 1024 sequences on
@@ -90,7 +91,8 @@ class Setup:
     """The planners of one hardware preset and GPU count, their home the best static layout
     that holds the max context."""
 
-    def __init__(self, model, hardware, gpus: int):
+    def __init__(self, model, hardware, gpus: int, switch_method: str = "auto"):
+        self.switch_method = switch_method
         self.topology = hs.Topology(gpus, GPUS_PER_NODE)
         self.cost = hs.CostModel(model, hardware, self.topology, zero=True)
         self.candidates = planning.auto_candidates(model, gpus)
@@ -108,7 +110,7 @@ class Setup:
         """The hot-switching planner with this home (switch costs from redistribution plans)."""
         if home not in self.planners:
             self.planners[home] = planning.build_planner(self.model, self.hardware, self.topology, self.candidates,
-                                                         home, **OPTIONS)
+                                                         home, method=self.switch_method, **OPTIONS)
         return self.planners[home]
 
     def padded_static(self) -> tuple:
@@ -137,7 +139,7 @@ def layout_ranges(planner, lengths, steps: int, seed: int) -> dict:
                    "phases": len(s)} for name, s in sorted(spans.items(), key=lambda kv: min(a for a, _ in kv[1]))}
 
 
-def simulations(dists: dict, steps: int, seed: int, setups: dict) -> dict:
+def simulations(dists: dict, steps: int, seed: int, setups: dict, switch_method: str) -> dict:
     """Hot switching against its baselines per hardware, GPU count and distribution;
     ``setups`` caches a Setup per (hardware, GPUs)."""
     model = hs.ModelConfig.preset(MODEL)
@@ -147,7 +149,9 @@ def simulations(dists: dict, steps: int, seed: int, setups: dict) -> dict:
     for hw_name in SIM_HARDWARE:
         hardware = hs.HardwareProfile.preset(hw_name)
         for gpus in SIM_GPUS:
-            setup = setups.setdefault((hw_name, gpus), Setup(model, hardware, gpus))
+            if (hw_name, gpus) not in setups:
+                setups[(hw_name, gpus)] = Setup(model, hardware, gpus, switch_method)
+            setup = setups[(hw_name, gpus)]
             padded_s, padded_layout = setup.padded_static()
             for name, lengths in dists.items():
                 key = f"{hw_name}/{gpus}/{name}"
@@ -174,7 +178,7 @@ def simulations(dists: dict, steps: int, seed: int, setups: dict) -> dict:
 def plan_time(dists: dict, steps: int, seed: int, setups: dict) -> tuple:
     """Median (wall, CPU) ms of Planner.plan: 1024 sequences on 32 A800s."""
     if ("a800", 32) not in setups:
-        setups[("a800", 32)] = Setup(hs.ModelConfig.preset(MODEL), hs.HardwareProfile.preset("a800"), 32)
+        setups[("a800", 32)] = Setup(hs.ModelConfig.preset(MODEL), hs.HardwareProfile.preset("a800"), 32, "estimate")
     setup = setups[("a800", 32)]
     pooled = [s for lengths in dists.values() for s in lengths]
     rng = random.Random(seed)
@@ -200,6 +204,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     fit_steps, iterations, sim_steps, timing_steps = (2, 12, 2, 5) if args.quick else (8, 60, 8, 20)
+    # Switch costs from redistribution plans, or (quick) from the ranks' receive volumes.
+    switch_method = "estimate" if args.quick else "plans"
     try:
         runs = measured.read_runs(args.runs)
     except ValueError as e:
@@ -226,7 +232,7 @@ def main(argv=None) -> int:
 
     dists = load_distributions(args.data_dir)
     setups = {}
-    out.update(simulations(dists, sim_steps, args.seed, setups))
+    out.update(simulations(dists, sim_steps, args.seed, setups, switch_method))
     out["plan_ms_p50_1024seq_32gpu"], out["plan_cpu_ms_p50_1024seq_32gpu"] = plan_time(dists, timing_steps, args.seed,
                                                                                       setups)
     print(f"planning: 1024 sequences on 32 GPUs {out['plan_ms_p50_1024seq_32gpu']:.2f} ms wall, "
