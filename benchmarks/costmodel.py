@@ -135,8 +135,9 @@ def layout_ranges(planner, lengths, steps: int, seed: int) -> dict:
         for ph in plan["phases"]:
             ls = [pieces[i][2] for i in ph["sequences"]]
             spans.setdefault(ph["layout"].name, []).append((min(ls), max(ls)))
-    return {name: {"shortest": int(statistics.median(a for a, _ in s)), "longest": int(statistics.median(b for _, b in s)),
-                   "phases": len(s)} for name, s in sorted(spans.items(), key=lambda kv: min(a for a, _ in kv[1]))}
+    ordered = sorted(spans.items(), key=lambda kv: min(a for a, _ in kv[1]))
+    return {name: {"shortest": int(statistics.median(a for a, _ in s)),
+                   "longest": int(statistics.median(b for _, b in s)), "phases": len(s)} for name, s in ordered}
 
 
 def simulations(dists: dict, steps: int, seed: int, setups: dict, switch_method: str) -> dict:
@@ -225,7 +226,8 @@ def main(argv=None) -> int:
     out["fit_median_abs_rel_error"] = result.median_abs_rel_error
     out["fit_max_abs_rel_error"] = result.max_abs_rel_error
     out["fit_pairwise_order_agreement"] = result.pairwise_order_agreement
-    print(f"cross-validated: median |error| {out['cv_median_abs_rel_error']:.3f}, max {out['cv_max_abs_rel_error']:.3f}, "
+    print(f"cross-validated: median |error| {out['cv_median_abs_rel_error']:.3f}, "
+          f"max {out['cv_max_abs_rel_error']:.3f}, "
           f"pairs ordered {out['cv_pairwise_order_agreement']:.3f} of {out['cv_pairs']}; {source}: median "
           f"{out['fit_median_abs_rel_error']:.3f}, max {out['fit_max_abs_rel_error']:.3f}, pairs "
           f"{out['fit_pairwise_order_agreement']:.3f} over {out['runs']} runs")

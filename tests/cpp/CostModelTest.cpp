@@ -187,7 +187,8 @@ TEST(CostModelTest, PhaseRunsTheLastStageAndMiddleStagesThroughOneForwardOneBack
   const double m0 = l0 - 8 * t.lastStageAlpha - t.lastStageMicroBatchSeconds;
   const double m1 = l1 - 7 * t.lastStageAlpha - t.lastStageMicroBatchSeconds;
   EXPECT_LT(m0, l0);
-  const double run = oneForwardOneBackward({{m0 / 3, m1 / 3}, {l0 / 3, l1 / 3}}, {{2 * m0 / 3, 2 * m1 / 3}, {2 * l0 / 3, 2 * l1 / 3}},
+  const double run = oneForwardOneBackward({{m0 / 3, m1 / 3}, {l0 / 3, l1 / 3}},
+                                           {{2 * m0 / 3, 2 * m1 / 3}, {2 * l0 / 3, 2 * l1 / 3}},
                                            {8 * t.p2pPerToken + t.p2pLatency, 7 * t.p2pPerToken + t.p2pLatency});
   EXPECT_NEAR(p.runSeconds(), run, 1e-12);
   EXPECT_NEAR(p.computeSeconds + p.tpSeconds, l0 + l1, 1e-12);

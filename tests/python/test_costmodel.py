@@ -165,8 +165,8 @@ def test_a_file_without_the_columns_or_rows_is_refused(tmp_path):
 
 
 def test_lengths_follow_the_histogram_and_the_cut_at_seq_length(tmp_path):
-    path = write(tmp_path / "runs.csv", [row(), row(run="long", seq_length=16384,
-                                                    real_seq_len_hist=json.dumps(dict(HIST, **{"8192": 20, "16384": 30})))])
+    longer = json.dumps(dict(HIST, **{"8192": 20, "16384": 30}))
+    path = write(tmp_path / "runs.csv", [row(), row(run="long", seq_length=16384, real_seq_len_hist=longer)])
     short, long_ = measured.read_runs(path)
     rng = np.random.default_rng(0)
     x = measured.sample_lengths(short, 200000, rng)
