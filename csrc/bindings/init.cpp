@@ -298,9 +298,11 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ModelConfig>(m, "ModelConfig")
       .def(py::init([](int numLayers, int64_t hidden, int heads, int groups, int64_t ffn, int64_t vocab,
-                       int64_t paramBytes, bool recompute, const std::string& name) {
+                       int64_t paramBytes, bool recompute, const std::string& name, const std::string& family,
+                       py::object tied, int64_t maxPositions) {
              ModelConfig c;
              c.name = name;
+             c.family = parseModelFamily(family);
              c.numLayers = numLayers;
              c.hiddenSize = hidden;
              c.numAttentionHeads = heads;
@@ -309,15 +311,21 @@ PYBIND11_MODULE(_C, m) {
              c.vocabSize = vocab;
              c.paramBytes = paramBytes;
              c.recompute = recompute;
+             c.tiedEmbeddings = tied.is_none() ? c.family == ModelFamily::kGpt : tied.cast<bool>();
+             c.maxPositions = maxPositions;
              c.validate();
              return c;
            }),
            py::arg("num_layers"), py::arg("hidden_size"), py::arg("num_attention_heads"),
            py::arg("num_query_groups"), py::arg("ffn_hidden_size"), py::arg("vocab_size"),
-           py::arg("param_bytes") = 2, py::arg("recompute") = false, py::arg("name") = "custom")
+           py::arg("param_bytes") = 2, py::arg("recompute") = false, py::arg("name") = "custom",
+           py::arg("family") = "llama", py::arg("tied_embeddings") = py::none(), py::arg("max_positions") = 0,
+           "family: 'llama' (RMSNorm, rotary, SwiGLU MLP, no biases) or 'gpt' (LayerNorm, learned positions, "
+           "GeLU MLP of two matrices, biases); tied_embeddings defaults to the family's (gpt: tied).")
       .def_static("preset", &ModelConfig::preset, py::arg("name"))
       .def_static("preset_names", &ModelConfig::presetNames)
       .def_readonly("name", &ModelConfig::name)
+      .def_property_readonly("family", [](const ModelConfig& c) { return std::string(modelFamilyName(c.family)); })
       .def_readonly("num_layers", &ModelConfig::numLayers)
       .def_readonly("hidden_size", &ModelConfig::hiddenSize)
       .def_readonly("num_attention_heads", &ModelConfig::numAttentionHeads)
@@ -326,13 +334,18 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("vocab_size", &ModelConfig::vocabSize)
       .def_readonly("param_bytes", &ModelConfig::paramBytes)
       .def_readonly("recompute", &ModelConfig::recompute)
+      .def_readonly("tied_embeddings", &ModelConfig::tiedEmbeddings)
+      .def_readonly("max_positions", &ModelConfig::maxPositions)
       .def_property_readonly("head_dim", &ModelConfig::headDim)
       .def_property_readonly("layer_params", &ModelConfig::layerParams)
       .def_property_readonly("total_params", &ModelConfig::totalParams)
+      .def("layer_matrices", &ModelConfig::layerMatrices, py::arg("tp") = 1,
+           "(K, N) of each weight matrix of one layer as a rank of tp holds it.")
       .def("validate", py::overload_cast<const Layout&>(&ModelConfig::validate, py::const_), py::arg("layout"))
       .def("__repr__", [](const ModelConfig& c) {
-        return str("ModelConfig(", c.name, ": ", c.numLayers, " layers, hidden ", c.hiddenSize, ", heads ",
-                   c.numAttentionHeads, "/", c.numQueryGroups, ", ffn ", c.ffnHiddenSize, ", vocab ", c.vocabSize, ")");
+        return str("ModelConfig(", c.name, ": ", modelFamilyName(c.family), ", ", c.numLayers, " layers, hidden ",
+                   c.hiddenSize, ", heads ", c.numAttentionHeads, "/", c.numQueryGroups, ", ffn ", c.ffnHiddenSize,
+                   ", vocab ", c.vocabSize, ")");
       });
 
   // Fields of HardwareProfile by their Python names; every setter validates before it stores.
@@ -341,13 +354,21 @@ PYBIND11_MODULE(_C, m) {
       {"peak_flops", &HardwareProfile::peakFlops},
       {"efficiency", &HardwareProfile::efficiency},
       {"attention_efficiency", &HardwareProfile::attentionEfficiency},
+      {"attention_half_length", &HardwareProfile::attentionHalfLength},
+      {"memory_bandwidth", &HardwareProfile::memoryBandwidth},
+      {"memory_efficiency", &HardwareProfile::memoryEfficiency},
       {"intra_node_bandwidth", &HardwareProfile::intraNodeBandwidth},
       {"inter_node_bandwidth", &HardwareProfile::interNodeBandwidth},
       {"intra_node_latency", &HardwareProfile::intraNodeLatency},
       {"inter_node_latency", &HardwareProfile::interNodeLatency},
       {"layer_overhead_seconds", &HardwareProfile::layerOverheadSeconds},
       {"sequence_overhead_seconds", &HardwareProfile::sequenceOverheadSeconds},
+      {"step_overhead_seconds", &HardwareProfile::stepOverheadSeconds},
   };
+  // Fields a profile file may leave out (added after the first profiles were saved); they
+  // default to the values that leave their terms out of the cost model.
+  static const std::vector<std::string> hwOptional = {"attention_half_length", "memory_bandwidth",
+                                                       "memory_efficiency", "step_overhead_seconds"};
   auto hw = py::class_<HardwareProfile>(m, "HardwareProfile");
   hw.def(py::init([](double peakFlops, double efficiency, int64_t memoryBytes, double intraBw, double interBw,
                      double intraLat, double interLat, const std::string& name, py::object attentionEfficiency,
@@ -399,12 +420,15 @@ PYBIND11_MODULE(_C, m) {
                    "' is not one of ", known);
         }
         for (const std::string& key : known) {
-          HS_CHECK(d.contains(key), "hardware profile lacks the field '", key, "'");
+          const bool optional = std::find(hwOptional.begin(), hwOptional.end(), key) != hwOptional.end();
+          HS_CHECK(optional || d.contains(key), "hardware profile lacks the field '", key, "'");
         }
         try {
           h.name = d["name"].cast<std::string>();
           h.memoryBytes = d["memory_bytes"].cast<int64_t>();
-          for (const auto& [key, field] : hwDoubles) h.*field = d[key].cast<double>();
+          for (const auto& [key, field] : hwDoubles) {
+            if (d.contains(key)) h.*field = d[key].cast<double>();
+          }
         } catch (const py::cast_error&) {
           HS_CHECK(false, "hardware profile fields must be numbers (name a string), got ",
                    static_cast<std::string>(py::repr(d)));
@@ -445,6 +469,10 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("gamma", &LayoutTerms::gamma)
       .def_readonly("micro_batch_seconds", &LayoutTerms::microBatchSeconds)
       .def_readonly("micro_batch_tp_seconds", &LayoutTerms::microBatchTpSeconds)
+      .def_readonly("last_stage_alpha", &LayoutTerms::lastStageAlpha,
+                    "Of the alphas, the seconds per token the last stage's head and loss add.")
+      .def_readonly("last_stage_micro_batch_seconds", &LayoutTerms::lastStageMicroBatchSeconds,
+                    "Of micro_batch_seconds, what the last stage's head and loss add.")
       .def_readonly("p2p_per_token", &LayoutTerms::p2pPerToken)
       .def_readonly("p2p_latency", &LayoutTerms::p2pLatency)
       .def_readonly("dp_seconds", &LayoutTerms::dpSeconds)
@@ -475,16 +503,20 @@ PYBIND11_MODULE(_C, m) {
       });
 
   py::class_<CostModel>(m, "CostModel")
-      .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero) {
+      .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
+                       bool sequenceParallel) {
              CostOptions o;
              o.zero = zero;
+             o.sequenceParallel = sequenceParallel;
              return CostModel(model, hw, topo, o);
            }),
-           py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false)
+           py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false,
+           py::arg("sequence_parallel") = true)
       .def_property_readonly("model", &CostModel::model)
       .def_property_readonly("hardware", &CostModel::hardware)
       .def_property_readonly("topology", &CostModel::topology)
       .def_property_readonly("zero", [](const CostModel& c) { return c.options().zero; })
+      .def_property_readonly("sequence_parallel", [](const CostModel& c) { return c.options().sequenceParallel; })
       .def("forward_flops", &CostModel::forwardFlops, py::arg("seq_len"))
       .def("training_flops", &CostModel::trainingFlops, py::arg("seq_len"))
       .def("static_bytes", &CostModel::staticBytes, py::arg("layout"))
@@ -495,6 +527,9 @@ PYBIND11_MODULE(_C, m) {
       }, py::arg("layout"), py::arg("axis"), py::arg("bytes"), py::arg("all_reduce") = false)
       .def("terms", &CostModel::terms, py::arg("layout"),
            "The layout's time coefficients (LayoutTerms, seconds).")
+      .def("step_seconds", &CostModel::stepSeconds, py::arg("layout"),
+           "Seconds a step spends after its last phase with this home layout: the parameters' all-gather under "
+           "ZeRO, the optimizer's update and the fixed step overhead.")
       .def("phase", py::overload_cast<const Layout&, const PhaseBatches&>(&CostModel::phase, py::const_),
            py::arg("layout"), py::arg("batches"),
            "Predicted time (seconds) and peak memory (bytes) per rank of one phase (PhaseCost); batches[replica]"

@@ -1,10 +1,107 @@
 #include "planner/CostModel.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/Check.h"
 
 namespace hotswitch {
+
+namespace {
+
+// Bytes the elementwise kernels of one layer move per element, forward and backward, at 16
+// bits (3 in CostModel.h), as Megatron-LM implements each family. gpt: two fused LayerNorms
+// (10 bytes each) and two fused bias-dropout-residual adds (18 each) per hidden element; a
+// fused bias-GeLU per MLP intermediate element. llama: two RMSNorms in plain PyTorch
+// operations in fp32 (cast, square, mean, scale, cast back, weight: 106 each) and two
+// dropout-residual adds (22 each) per hidden element; SwiGLU as silu(gate) * up with its
+// chunk (34) per intermediate element; rotary embedding in plain operations (cos/sin
+// products, rotate-half by chunk and concatenation: 58) per element of q and k.
+constexpr double kGptNormRegionBytes = 2 * 10 + 2 * 18;
+constexpr double kGptActivationBytes = 10;
+constexpr double kLlamaNormRegionBytes = 2 * 106 + 2 * 22;
+constexpr double kLlamaActivationBytes = 34;
+constexpr double kLlamaRotaryBytes = 58;
+// Bytes per logit of cross entropy over fp32 logits (6 in CostModel.h).
+constexpr double kLossBytesPerLogit = 32;
+// Training FLOPs of causal flash attention per s^2 * h / t: forward 2, backward 5.
+constexpr double kAttentionFlops = 7;
+constexpr double kAttentionRecomputeFlops = 9;
+// Flash attention's head-dim granularity.
+constexpr int64_t kHeadDimStep = 32;
+
+}  // namespace
+
+double oneForwardOneBackward(const std::vector<std::vector<double>>& forward,
+                             const std::vector<std::vector<double>>& backward, const std::vector<double>& transfer) {
+  const int pp = static_cast<int>(forward.size());
+  const int m = static_cast<int>(transfer.size());
+  HS_CHECK(pp >= 1 && static_cast<int>(backward.size()) == pp, "1F1B needs forward and backward times for the same ",
+           "stages, got ", forward.size(), " and ", backward.size());
+  for (int j = 0; j < pp; ++j) {
+    HS_CHECK(static_cast<int>(forward[j].size()) == m && static_cast<int>(backward[j].size()) == m, "stage ", j,
+             " has ", forward[j].size(), " forward and ", backward[j].size(), " backward times, expected ", m);
+  }
+  if (m == 0) return 0;
+  const size_t cells = static_cast<size_t>(pp) * m;
+  std::vector<double> endF(cells, 0), endB(cells, 0);
+  std::vector<char> doneF(cells, 0), doneB(cells, 0);
+  std::vector<int> next(pp, 0);
+  std::vector<double> freeAt(pp, 0);
+  auto at = [m](int j, int k) { return static_cast<size_t>(j) * m + k; };
+  int left = 2 * m * pp;
+  // Runs stage j's program as far as its inputs allow; returns whether it ran anything.
+  auto advance = [&](int j) {
+    const int warm = std::min(pp - 1 - j, m);
+    bool ran = false;
+    while (next[j] < 2 * m) {
+      const int p = next[j];
+      bool isForward;
+      int k;
+      if (p < warm) {
+        isForward = true;
+        k = p;
+      } else if (p < warm + 2 * (m - warm)) {
+        const int q = p - warm;
+        isForward = q % 2 == 0;
+        k = isForward ? warm + q / 2 : q / 2;
+      } else {
+        isForward = false;
+        k = p - m;
+      }
+      double ready = freeAt[j];
+      if (isForward) {
+        if (j > 0) {
+          if (!doneF[at(j - 1, k)]) break;
+          ready = std::max(ready, endF[at(j - 1, k)] + transfer[k]);
+        }
+        endF[at(j, k)] = ready + forward[j][k];
+        doneF[at(j, k)] = 1;
+        freeAt[j] = endF[at(j, k)];
+      } else {
+        if (j < pp - 1) {
+          if (!doneB[at(j + 1, k)]) break;
+          ready = std::max(ready, endB[at(j + 1, k)] + transfer[k]);
+        }
+        endB[at(j, k)] = ready + backward[j][k];
+        doneB[at(j, k)] = 1;
+        freeAt[j] = endB[at(j, k)];
+      }
+      ++next[j];
+      --left;
+      ran = true;
+    }
+    return ran;
+  };
+  while (left > 0) {
+    // Forwards flow to later stages and backwards to earlier ones: sweep both ways.
+    bool progressed = false;
+    for (int j = 0; j < pp; ++j) progressed = advance(j) || progressed;
+    for (int j = pp - 1; j >= 0; --j) progressed = advance(j) || progressed;
+    HS_INTERNAL_CHECK(progressed, "the 1F1B schedule of ", pp, " stages and ", m, " micro-batches deadlocked");
+  }
+  return *std::max_element(freeAt.begin(), freeAt.end());
+}
 
 CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topology, CostOptions options)
     : model_(std::move(model)), hardware_(std::move(hardware)), topology_(topology), options_(options) {
@@ -18,25 +115,36 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
 
 double CostModel::forwardFlops(int64_t s) const {
   const double h = static_cast<double>(model_.hiddenSize);
-  const double linear = static_cast<double>(model_.layerParams() - 2 * model_.hiddenSize);
+  double linear = 0;
+  for (const auto& [k, n] : model_.layerMatrices()) linear += static_cast<double>(k) * static_cast<double>(n);
   const double perLayer = 2.0 * linear * s + 2.0 * static_cast<double>(s) * s * h;
   return model_.numLayers * perLayer + 2.0 * model_.vocabSize * h * s;
 }
 
 double CostModel::trainingFlops(int64_t s) const {
-  // Recomputation reruns the layers' forward, not the head's.
-  const double head = 2.0 * model_.vocabSize * static_cast<double>(model_.hiddenSize) * s;
-  return (forwardFlops(s) - head) * (model_.recompute ? 4.0 : 3.0) + 3.0 * head;
+  const double h = static_cast<double>(model_.hiddenSize);
+  const double head = 2.0 * model_.vocabSize * h * s;
+  const double attention = model_.numLayers * 2.0 * static_cast<double>(s) * s * h;
+  const double products = forwardFlops(s) - head - attention;
+  // Recomputation reruns the layers' forward, not the head's; flash attention's backward
+  // costs 2.5 forwards.
+  const double factor = model_.recompute ? 4.0 : 3.0;
+  return products * factor + attention * (factor + 0.5) + 3.0 * head;
+}
+
+double CostModel::rankParams(const Layout& layout) const {
+  const int64_t pp = layout.pp();
+  // The first stage holds the embedding; the last the head and final norm; with pp == 1
+  // both. The fuller of the two bounds every stage.
+  const double layers = static_cast<double>(model_.numLayers / pp) * static_cast<double>(model_.layerParams());
+  const double first = static_cast<double>(model_.firstStageParams());
+  const double last = static_cast<double>(model_.lastStageParams());
+  const double stage = pp == 1 ? layers + first + last : layers + std::max(first, last);
+  return stage / layout.tp();
 }
 
 int64_t CostModel::staticBytes(const Layout& layout) const {
-  const int64_t tp = layout.tp(), pp = layout.pp();
-  // The first stage holds the embedding; the last the head and final norm; with pp == 1
-  // both. The fuller of the two bounds every stage.
-  const int64_t layers = model_.numLayers / pp * model_.layerParams();
-  const int64_t emb = model_.embeddingParams();
-  int64_t params = pp == 1 ? layers + 2 * emb + model_.hiddenSize : layers + emb + model_.hiddenSize;
-  params = (params + tp - 1) / tp;
+  const int64_t params = static_cast<int64_t>(std::ceil(rankParams(layout)));
   int64_t optimizer = params * options_.optimizerBytesPerParam;
   if (options_.zero) optimizer = (optimizer + layout.dataSize() - 1) / layout.dataSize();
   return params * (model_.paramBytes + options_.gradBytes) + optimizer;
@@ -49,8 +157,7 @@ int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout) const {
 }
 
 double CostModel::gradientBytes(const Layout& layout) const {
-  return static_cast<double>(model_.numLayers / layout.pp() * model_.layerParams() + model_.embeddingParams()) /
-         layout.tp() * options_.gradBytes;
+  return rankParams(layout) * static_cast<double>(options_.gradBytes);
 }
 
 bool CostModel::spansNodes(const Layout& layout, Axis axis) const {
@@ -63,12 +170,27 @@ bool CostModel::spansNodes(const Layout& layout, Axis axis) const {
   return false;
 }
 
+int CostModel::groupRanksPerNode(const Layout& layout, Axis axis) const {
+  int most = 0;
+  for (const auto& group : layout.groups(axis)) {
+    for (int member : group) {
+      int here = 0;
+      for (int other : group) here += topology_.sameNode(member, other) ? 1 : 0;
+      most = std::max(most, here);
+    }
+  }
+  return most;
+}
+
 double CostModel::collectiveSeconds(const Layout& layout, Axis axis, double bytes, bool allReduce) const {
   const int n = layout.degree(axis);
   if (n <= 1 || bytes <= 0) return 0;
-  const bool inter = spansNodes(layout, axis);
-  const double bw = inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth;
-  const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+  double bw = hardware_.intraNodeBandwidth, lat = hardware_.intraNodeLatency;
+  if (spansNodes(layout, axis)) {
+    // The ring's channels spread over the NICs of the group's ranks on each node.
+    bw = std::min(bw, groupRanksPerNode(layout, axis) * hardware_.interNodeBandwidth);
+    lat = hardware_.interNodeLatency;
+  }
   const double steps = allReduce ? 2.0 * (n - 1) : (n - 1);
   return steps * (bytes / n / bw + lat);
 }
@@ -79,32 +201,82 @@ LayoutTerms CostModel::terms(const Layout& layout) const {
   HS_CHECK(layout.cp() == 1, "layout ", layout.name(), " has cp(", layout.cp(),
            "); the cost model covers cp == 1 only");
   const int pp = layout.pp(), tp = layout.tp();
-  const double h = static_cast<double>(model_.hiddenSize);
+  const double t = tp;
   const double layers = static_cast<double>(model_.numLayers / pp);  // per stage
-  const double factor = model_.recompute ? 4.0 : 3.0;
-  const double linear = static_cast<double>(model_.layerParams() - 2 * model_.hiddenSize);
-  const double head = 2.0 * static_cast<double>(model_.vocabSize) * h;
+  const double h = static_cast<double>(model_.hiddenSize);
+  const double f = static_cast<double>(model_.ffnHiddenSize);
+  const double kv = static_cast<double>(model_.numQueryGroups * model_.headDim());
+  const double vocab = static_cast<double>(model_.vocabSize) / t;  // head rows on this rank
+  const double b = static_cast<double>(model_.paramBytes);
+  const double g = static_cast<double>(options_.gradBytes);
+  const bool gpt = model_.family == ModelFamily::kGpt;
+  const bool sp = options_.sequenceParallel && tp > 1;
+  const double products = model_.recompute ? 4.0 : 3.0;
+  const double flops = hardware_.achievedFlops();
+  const double memory = hardware_.achievedMemoryBandwidth();
+  auto memorySeconds = [memory](double bytes) { return memory > 0 ? bytes / memory : 0.0; };
 
-  LayoutTerms t;
-  t.alphaCompute = (factor * layers * 2.0 * linear + 3.0 * head) / tp / hardware_.achievedFlops();
-  t.beta = factor * layers * 2.0 * h / tp / hardware_.achievedAttentionFlops();
-  t.gamma = layers * hardware_.sequenceOverheadSeconds;
-  if (tp > 1) {
-    const int collectives = model_.recompute ? 12 : 8;  // per layer per micro-batch
-    const bool inter = spansNodes(layout, Axis::kTp);
-    const double bw = inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth;
-    const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
-    t.alphaTp = layers * collectives * (tp - 1.0) / tp * h * model_.paramBytes / bw;
-    t.microBatchTpSeconds = layers * collectives * (tp - 1.0) * lat;
+  // 1. Matrix products: FLOPs at the peak rate plus their operands' bytes.
+  double productToken = 0, productMicroBatch = 0;
+  for (const auto& [k, n] : model_.layerMatrices(tp)) {
+    const double K = static_cast<double>(k), N = static_cast<double>(n);
+    productToken += products * 2.0 * K * N / flops + memorySeconds(products * b * (K + N));
+    productMicroBatch += memorySeconds((products * b + 2.0 * g) * K * N);
   }
-  t.microBatchSeconds = layers * hardware_.layerOverheadSeconds + t.microBatchTpSeconds;
+  // 2. Attention, per token^2, and its per-token part from the efficiency curve.
+  const int64_t d = model_.headDim();
+  const double pad = static_cast<double>((d + kHeadDimStep - 1) / kHeadDimStep * kHeadDimStep) / d;
+  const double attention = (model_.recompute ? kAttentionRecomputeFlops : kAttentionFlops) * (h / t) * pad /
+                           hardware_.achievedAttentionFlops();
+  // 3. Elementwise kernels.
+  const double bytes = gpt ? kGptNormRegionBytes * h / (sp ? t : 1.0) + kGptActivationBytes * f / t
+                           : kLlamaNormRegionBytes * h / (sp ? t : 1.0) + kLlamaActivationBytes * f / t +
+                                 kLlamaRotaryBytes * (h + kv) / t;
+  const double elementwise = memorySeconds(bytes * b / 2.0) * (model_.recompute ? 4.0 / 3.0 : 1.0);
+
+  LayoutTerms out;
+  out.beta = layers * attention;
+  out.gamma = layers * hardware_.sequenceOverheadSeconds;
+  out.alphaCompute = layers * (productToken + attention * hardware_.attentionHalfLength + elementwise);
+  out.microBatchSeconds = layers * (productMicroBatch + hardware_.layerOverheadSeconds);
+
+  // 6. The head and the loss, on the last stage.
+  const double headToken = 3.0 * 2.0 * h * vocab / flops + memorySeconds(3.0 * b * (h + vocab)) +
+                           memorySeconds(kLossBytesPerLogit * vocab);
+  const double headMicroBatch = memorySeconds((3.0 * b + 2.0 * g) * h * vocab);
+  double headTpToken = 0, headTpMicroBatch = 0;
+
+  // 4. Tensor-parallel collectives (ring: tp - 1 steps, each a tp-th of the buffer).
+  if (tp > 1) {
+    const bool inter = spansNodes(layout, Axis::kTp);
+    const double bw = inter ? std::min(hardware_.intraNodeBandwidth,
+                                       groupRanksPerNode(layout, Axis::kTp) * hardware_.interNodeBandwidth)
+                            : hardware_.intraNodeBandwidth;
+    const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+    const double collectives = model_.recompute ? 12 : 8;  // per layer per micro-batch
+    out.alphaTp = layers * collectives * (t - 1) / t * h * b / bw;
+    out.microBatchTpSeconds = layers * collectives * (t - 1) * lat;
+    // The head's input gathered and its gradient scattered; three all-reduces of one fp32
+    // value per token in the loss.
+    headTpToken = 2.0 * (t - 1) / t * h * b / bw + 3.0 * 2.0 * (t - 1) / t * 4.0 / bw;
+    headTpMicroBatch = (2.0 + 3.0 * 2.0) * (t - 1) * lat;
+  }
+  out.alphaCompute += headToken;
+  out.alphaTp += headTpToken;
+  out.microBatchTpSeconds += headTpMicroBatch;
+  out.microBatchSeconds += headMicroBatch + out.microBatchTpSeconds;
+  out.lastStageAlpha = headToken + headTpToken;
+  out.lastStageMicroBatchSeconds = headMicroBatch + headTpMicroBatch;
+
+  // 7. Stage-boundary transfers, over the NIC when the stages sit on different nodes.
   if (pp > 1) {
     const bool inter = spansNodes(layout, Axis::kPp);
-    t.p2pPerToken = h * model_.paramBytes / tp / (inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth);
-    t.p2pLatency = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+    out.p2pPerToken = h * b / (sp ? t : 1.0) / (inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth);
+    out.p2pLatency = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
   }
-  t.dpSeconds = collectiveSeconds(layout, Axis::kDp, gradientBytes(layout), !options_.zero);
-  return t;
+  // 8. Gradient reduction over the data group.
+  out.dpSeconds = collectiveSeconds(layout, Axis::kDp, gradientBytes(layout), !options_.zero);
+  return out;
 }
 
 PhaseCost CostModel::phase(const Layout& layout, const PhaseBatches& batches) const {
@@ -124,40 +296,43 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
 
   PhaseCost cost;
   int64_t worstActivations = 0;
-  double worstReplica = 0;
+  double worstReplica = -1;
   std::vector<int64_t> tokens;
+  std::vector<double> last, transfer;
+  std::vector<std::vector<double>> forward(pp), backward(pp);
   for (const auto& replica : batches) {
-    double sumStage = 0, compute = 0, tpComm = 0, worstBubble = -1, bubbleStage = 0, bubbleP2p = 0;
+    const size_t m = replica.size();
+    double work = 0, tpWork = 0;
     tokens.clear();
-    for (const auto& micro : replica) {
+    last.assign(m, 0);
+    transfer.assign(m, 0);
+    for (auto& stage : forward) stage.assign(m, 0);
+    for (auto& stage : backward) stage.assign(m, 0);
+    for (size_t k = 0; k < m; ++k) {
       double n = 0, squares = 0;
-      for (int64_t s : micro) {
+      for (int64_t s : replica[k]) {
         n += static_cast<double>(s);
         squares += static_cast<double>(s) * static_cast<double>(s);
       }
       tokens.push_back(static_cast<int64_t>(n));
-      const double count = static_cast<double>(micro.size());
-      const double stageCompute = t.alphaCompute * n + t.beta * squares + t.gamma * count +
-                                  (t.microBatchSeconds - t.microBatchTpSeconds);
-      const double stageTp = t.alphaTp * n + t.microBatchTpSeconds;
-      const double stage = stageCompute + stageTp;
-      const double p2p = pp > 1 ? 2.0 * (t.p2pPerToken * n + t.p2pLatency) : 0.0;
-      sumStage += stage;
-      compute += stageCompute;
-      tpComm += stageTp;
-      if (stage + p2p > worstBubble) {
-        worstBubble = stage + p2p;
-        bubbleStage = stage;
-        bubbleP2p = p2p;
+      const double count = static_cast<double>(replica[k].size());
+      last[k] = t.alpha() * n + t.beta * squares + t.gamma * count + t.microBatchSeconds;
+      const double middle = last[k] - t.lastStageAlpha * n - t.lastStageMicroBatchSeconds;
+      work += last[k];
+      tpWork += t.alphaTp * n + t.microBatchTpSeconds;
+      transfer[k] = t.p2pPerToken * n + t.p2pLatency;
+      for (int j = 0; j < pp; ++j) {
+        const double stage = j == pp - 1 ? last[k] : middle;
+        forward[j][k] = kForwardShare * stage;
+        backward[j][k] = stage - forward[j][k];
       }
     }
-    const double total = replica.empty() ? 0.0 : sumStage + (pp - 1) * (bubbleStage + bubbleP2p);
+    const double total = pp == 1 ? work : oneForwardOneBackward(forward, backward, transfer);
     if (total > worstReplica) {
       worstReplica = total;
-      const double bubbleShare = sumStage > 0 ? (sumStage + (pp - 1) * bubbleStage) / sumStage : 1.0;
-      cost.computeSeconds = compute * bubbleShare;
-      cost.tpSeconds = tpComm * bubbleShare;
-      cost.ppSeconds = (pp - 1) * bubbleP2p;
+      cost.computeSeconds = work - tpWork;
+      cost.tpSeconds = tpWork;
+      cost.ppSeconds = total - work;
     }
     // Activation peak: the first stage keeps up to pp micro-batches in flight.
     std::sort(tokens.rbegin(), tokens.rend());
@@ -172,12 +347,30 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
     worstActivations = std::max(worstActivations, acts);
   }
   cost.dpSeconds = t.dpSeconds;
-  cost.totalSeconds = worstReplica + cost.dpSeconds;
+  cost.totalSeconds = std::max(worstReplica, 0.0) + cost.dpSeconds;
   cost.staticBytes = staticBytes(layout);
   cost.activationBytes = worstActivations;
   cost.peakBytes = cost.staticBytes + cost.activationBytes;
   cost.fits = cost.peakBytes <= hardware_.memoryBytes;
   return cost;
+}
+
+double CostModel::stepSeconds(const Layout& layout) const {
+  layout.validate(topology_.world());
+  const double params = rankParams(layout);
+  const double shard = options_.zero ? params / layout.dataSize() : params;
+  double seconds = hardware_.stepOverheadSeconds;
+  if (options_.zero) {
+    seconds += collectiveSeconds(layout, Axis::kDp, params * static_cast<double>(model_.paramBytes), false);
+  }
+  const double memory = hardware_.achievedMemoryBandwidth();
+  if (memory > 0) {
+    const double g = static_cast<double>(options_.gradBytes);
+    const double update = g + 2.0 * static_cast<double>(options_.optimizerBytesPerParam) +
+                          static_cast<double>(model_.paramBytes);
+    seconds += (shard * update + params * g) / memory;
+  }
+  return seconds;
 }
 
 }  // namespace hotswitch

@@ -1,29 +1,86 @@
 #pragma once
 
 // Predicts the time and per-rank peak memory of one phase: a model trained under one layout
-// on a set of packed micro-batches, per data-parallel replica.
+// on a set of micro-batches, per data-parallel replica; and what a training step adds after
+// its last phase. Analytical: every term below is a closed formula of the model's shape, the
+// layout, the topology and the hardware profile, so that a phase costs microseconds to price.
 //
-// Time. One sequence of s tokens costs each rank of a pipeline stage on the critical path
-//   u(s) = alpha * s + beta * s^2 + gamma                                        seconds
-// (LayoutTerms): FLOPs over the achieved FLOP/s of one device, linear layers and head at the
-// linear efficiency, causal attention at the attention efficiency; the tensor-parallel
-// collectives of sequence parallelism (per layer, forward: two all-gathers and two
-// reduce-scatters of the micro-batch's activations; as many again in backward and in
-// recomputation), ring cost (tp - 1) / tp * bytes / bandwidth per collective; and a fixed
-// per-layer cost per sequence. A micro-batch k costs t_k = sum u(s) + o, where o holds the
-// per-layer overhead per micro-batch and the latencies of its collectives. A replica runs its
-// micro-batches through the 1F1B schedule:
-//   sum_k t_k + (pp - 1) * max_k (t_k + 2 * p_k),   p_k = tokens_k * pi + latency,
-// the bubble being (pp - 1) stage times of the largest micro-batch plus its point-to-point
-// transfers (activations forward, their gradient backward) between stages. The phase takes
-// as long as its slowest replica; then its gradients are reduced over the data group (ring
-// all-reduce, or reduce-scatter under ZeRO). A group uses the inter-node links when any of
-// its groups spans nodes. The last stage also runs the head, and its time bounds the others.
+// Notation, for one rank of a pipeline stage: L = num_layers / pp layers, t = tp, h hidden,
+// f ffn hidden, d head dim, V vocabulary, b = param bytes (2 for bf16), g = grad bytes (fp32
+// main gradients: 4); a micro-batch of n tokens in sequences s_1..s_c. P = peak FLOP/s,
+// e = efficiency, e_a = attention efficiency, s_half = attention half length,
+// M = memory bandwidth * memory efficiency (0: memory traffic not modelled, its terms drop),
+// r = 3 products per matrix (forward, data gradient, weight gradient), 4 with recomputation.
 //
-// FLOPs of one sequence of s tokens, forward: per layer 2 * (linear parameters) * s for the
-// linear layers and 2 * s^2 * hidden for causal attention (QK^T and AV, each 2 s^2 h, halved
-// by the mask; packed sequences do not attend to each other), plus 2 * vocab * hidden * s
-// for the head. Training costs 3x forward, 4x with full recomputation.
+// Time of one micro-batch on one rank of a stage, forward and backward:
+//
+// 1. Matrix products. For each weight matrix of a layer as the rank holds it, K x N
+//    (ModelConfig::layerMatrices: fused QKV h x (h + 2 kv) / t, projection h/t x h, fc1 (llama:
+//    gate and up fused) h x f/t or 2f/t, fc2 f/t x h):
+//      T_mm = r * 2 n K N / (P e)  +  [r b (n K + n N) + (r b + 2 g) K N] / M
+//    FLOPs at the product's peak rate, plus the bytes its operands move: each product reads
+//    x and W and writes y; the weight gradient accumulates into fp32 main gradients. This is
+//    the efficiency of one kernel as a saturating function of its work:
+//      eff = e * I / (I + I_half),  I = FLOPs / bytes,  I_half = P e / M,
+//    so a product of few tokens (small n) or of a narrow shard (K or N = h/t, f/t) runs below
+//    e. Per token r (2 K N / (P e) + b (K + N) / M); per micro-batch (r b + 2 g) K N / M.
+// 2. Attention (flash attention, causal). Per sequence of s tokens: forward 2 s^2 h / t FLOPs
+//    (QK^T and AV, 2 s^2 d per head each, halved by the mask), backward 2.5x forward
+//    (it recomputes the scores): 7 s^2 h / t, 9 with recomputation. Head dims pad to a
+//    multiple of 32 (the kernels' instantiations): x ceil(d / 32) * 32 / d. Efficiency grows
+//    with the sequence's length, e_a * s / (s + s_half):
+//      T_att = 7 (h/t) pad (s^2 + s_half s) / (P e_a)
+//    Packed sequences attend only to themselves (sum over the micro-batch's sequences);
+//    padded ones are sequences of the padded length.
+// 3. Elementwise kernels, memory-bound, per token: the bytes they move per element, as
+//    Megatron-LM implements each family (CostModel.cpp lists them). gpt: fused LayerNorms and
+//    bias-dropout-residual adds, 56 bytes per hidden element, and a fused bias-GeLU, 10 per
+//    MLP intermediate element; llama: RMSNorm in fp32 plain operations and unfused residual
+//    adds, 256 per hidden element, SwiGLU 34 per intermediate element, rotary embedding 58 per
+//    element of q and k. Hidden elements number h/t under sequence parallelism (h otherwise),
+//    intermediate ones f/t, q and k ones (h + kv)/t:
+//      T_ew = bytes * (b / 2) / M   (x 4/3 with recomputation)
+// 4. Tensor-parallel collectives (t > 1): with sequence parallelism each layer all-gathers
+//    its n x h input twice and reduce-scatters twice forward, as many backward (8, 12 with
+//    recomputation); without, 2 all-reduces forward and 2 backward (the same traffic). One
+//    collective of B bytes over a group of t ranks (a ring, `collectiveSeconds`):
+//      (t - 1) * (B / t / bw + lat)        (an all-reduce twice that)
+//    Inside a node bw = intra-node bandwidth; a group across nodes with r ranks on each node
+//    spreads its rings over their r NICs: bw = min(intra, r * inter-node bandwidth), with the
+//    inter-node latency.
+// 5. Fixed costs: layer overhead seconds per layer (kernel launches, synchronisation) and
+//    sequence overhead seconds per layer and sequence.
+// 6. The last stage also runs the vocabulary-parallel head and the loss: the head's product
+//    h x V/t as in 1 (r = 3), cross entropy over fp32 logits (32 bytes per logit: cast,
+//    max, exp-sum, softmax gradient, cast back) / M, under sequence parallelism the head
+//    input's all-gather and its gradient's reduce-scatter, and three all-reduces of n fp32
+//    values (max, sum, target logit) over the tensor-parallel group. The first stage's
+//    embedding lookup is not charged.
+//
+// These sum to the planner's linear view of a stage (LayoutTerms): a micro-batch k costs
+//   t_k = alpha * n_k + beta * sum s^2 + gamma * c_k + o,
+// alpha per token (1-4, 6), beta per token^2 (2), gamma per sequence (5), o per micro-batch
+// (the weight bytes of 1, latencies of 4, 5, 6); the last stage's share of alpha and o is
+// kept apart, so a middle stage costs t_k minus it.
+//
+// 7. Pipeline (pp > 1): each micro-batch sends n h b / t bytes forward (n h b without
+//    sequence parallelism) and its gradient backward between adjacent stages over the link
+//    that joins them (p_k = n h b / t / bw + lat). The replica runs Megatron-LM's 1F1B
+//    schedule: stage j runs pp - 1 - j warm-up forwards, then alternates one forward and one
+//    backward, then drains its backwards; a forward of micro-batch k on stage j starts when
+//    the stage is free and micro-batch k has come from stage j - 1, a backward when its
+//    gradient has come from stage j + 1. Its makespan is simulated exactly, with micro-batches
+//    of unequal cost (a forward a third of t_k, a backward two thirds): equal micro-batches
+//    give sum_k t_k + (pp - 1) * (t + 2 p) of the slowest stage; unequal ones stall every
+//    stage on the slowest of the micro-batches in flight.
+// 8. The phase takes as long as its slowest replica; then its gradients are reduce-scattered
+//    over the data group (the distributed optimizer, ZeRO) or all-reduced, g bytes per
+//    parameter of the rank's stage, as a collective in 4.
+// 9. After the step's last phase (stepSeconds): under ZeRO the updated parameters are
+//    all-gathered over the data group (b bytes per parameter); the optimizer reads the
+//    gradient, reads and writes master weights and moments, and writes the parameter of its
+//    shard (g + 2 * optimizer bytes + b per parameter), and the gradient buffer is zeroed
+//    (g per parameter of the rank), at M; plus step overhead seconds.
 //
 // Memory per rank, for the stage that holds the most: parameters (param bytes) and gradients
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided
@@ -46,22 +103,25 @@ struct CostOptions {
   bool zero = false;                   // optimizer state sharded over the data group
   int64_t gradBytes = 4;               // bytes per gradient element (fp32 main grads)
   int64_t optimizerBytesPerParam = 12;  // fp32 master weight + Adam's two moments
+  bool sequenceParallel = true;        // Megatron sequence parallelism when tp > 1
 };
 
 // The coefficients of one layout's time model (see above); seconds.
 struct LayoutTerms {
-  double alphaCompute = 0;       // per token: linear layers and head
+  double alphaCompute = 0;       // per token: products, attention's linear part, elementwise, head
   double alphaTp = 0;            // per token: tensor-parallel collectives (bandwidth part)
   double beta = 0;               // per token^2: causal attention
   double gamma = 0;              // per sequence
-  double microBatchSeconds = 0;  // per micro-batch (o): layer overheads plus latencies
+  double microBatchSeconds = 0;  // per micro-batch (o): overheads, weight bytes, latencies
   double microBatchTpSeconds = 0;  // the collectives' latency part of microBatchSeconds
+  double lastStageAlpha = 0;     // of alpha(): what only the last stage pays per token (head, loss)
+  double lastStageMicroBatchSeconds = 0;  // of microBatchSeconds: the same per micro-batch
   double p2pPerToken = 0;        // one stage-boundary transfer, per token (pp > 1)
   double p2pLatency = 0;         // one stage-boundary transfer, fixed (pp > 1)
   double dpSeconds = 0;          // gradient reduction over the data group
 
   double alpha() const { return alphaCompute + alphaTp; }
-  // Critical-path seconds of one sequence on a stage.
+  // Critical-path seconds of one sequence on the last stage.
   double u(int64_t s) const {
     const double x = static_cast<double>(s);
     return alpha() * x + beta * x * x + gamma;
@@ -71,9 +131,9 @@ struct LayoutTerms {
 };
 
 struct PhaseCost {
-  double computeSeconds = 0;  // of the slowest replica, bubble included
-  double tpSeconds = 0;       // tensor-parallel collectives on its critical path
-  double ppSeconds = 0;       // point-to-point stage transfers on its critical path
+  double computeSeconds = 0;  // the slowest replica's last stage: its own work, collectives aside
+  double tpSeconds = 0;       // the same stage's tensor-parallel collectives
+  double ppSeconds = 0;       // what pipelining adds: fill, drain, stalls and stage transfers
   double dpSeconds = 0;       // gradient reduction at the end of the phase
   double totalSeconds = 0;    // compute + tp + pp + dp
   int64_t staticBytes = 0;      // parameters, gradients, optimizer state
@@ -89,8 +149,17 @@ struct PhaseCost {
 // micro-batch k of that data-parallel replica (cp == 1 for now).
 using PhaseBatches = std::vector<std::vector<std::vector<int64_t>>>;
 
+// The makespan of the 1F1B schedule over `stages` stages (see 7 above): forward[j][k] and
+// backward[j][k] seconds of micro-batch k on stage j, transfer[k] seconds of each of its
+// stage-boundary sends. Throws InvalidArgument on mismatched sizes.
+double oneForwardOneBackward(const std::vector<std::vector<double>>& forward,
+                             const std::vector<std::vector<double>>& backward, const std::vector<double>& transfer);
+
 class CostModel {
  public:
+  // The forward pass's share of a micro-batch's time on a stage (7 above).
+  static constexpr double kForwardShare = 1.0 / 3.0;
+
   // Throws InvalidArgument when the model, hardware or topology is malformed.
   CostModel(ModelConfig model, HardwareProfile hardware, Topology topology, CostOptions options = {});
 
@@ -99,23 +168,28 @@ class CostModel {
   const Topology& topology() const { return topology_; }
   const CostOptions& options() const { return options_; }
 
-  // Forward FLOPs of one sequence through all layers and the head (see above).
+  // Forward FLOPs of one sequence through all layers and the head (products and attention).
   double forwardFlops(int64_t seqLen) const;
-  // Training FLOPs (forward, backward, recomputation when on).
+  // Training FLOPs: products 3x forward (4x with recomputation, the head 3x), attention 3.5x
+  // (4.5x with recomputation).
   double trainingFlops(int64_t seqLen) const;
 
   // Bytes of parameters, gradients and optimizer state on the fullest rank of the layout.
   int64_t staticBytes(const Layout& layout) const;
   // Activation bytes one token keeps per layer on a rank of the layout.
   int64_t activationBytesPerTokenLayer(const Layout& layout) const;
-  // Bytes of the gradients of the fullest rank's shard (its stage's layers and, on an end
-  // stage, the embedding), at grad bytes per element.
+  // Parameters on the fullest rank: its stage's layers and, on an end stage, the embedding
+  // or head, over tp.
+  double rankParams(const Layout& layout) const;
+  // Bytes of the gradients of the fullest rank's shard, at grad bytes per element.
   double gradientBytes(const Layout& layout) const;
   // Seconds of one ring collective moving `bytes` (the full buffer) among the ranks of the
-  // layout's groups along `axis`; `allReduce` doubles the traffic.
+  // layout's groups along `axis`; `allReduce` doubles the traffic (see 4 above).
   double collectiveSeconds(const Layout& layout, Axis axis, double bytes, bool allReduce) const;
   // Whether some group of the layout along `axis` spans nodes.
   bool spansNodes(const Layout& layout, Axis axis) const;
+  // The most ranks one group along `axis` has on one node.
+  int groupRanksPerNode(const Layout& layout, Axis axis) const;
 
   // The time coefficients of the layout. Throws InvalidArgument when the layout does not fit
   // the model or world.
@@ -126,6 +200,11 @@ class CostModel {
   PhaseCost phase(const Layout& layout, const PhaseBatches& batches) const;
   // The same with the layout's terms already at hand (no validation of the layout).
   PhaseCost phase(const Layout& layout, const LayoutTerms& terms, const PhaseBatches& batches) const;
+
+  // Seconds a training step spends after its last phase's gradient reduction when the
+  // layout is the home layout (9 above): parameter all-gather under ZeRO, the optimizer's
+  // update, the fixed step overhead.
+  double stepSeconds(const Layout& layout) const;
 
  private:
   ModelConfig model_;

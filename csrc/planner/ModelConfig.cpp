@@ -22,6 +22,21 @@ constexpr Preset kPresets[] = {
 };
 }  // namespace
 
+ModelFamily parseModelFamily(const std::string& name) {
+  if (name == "llama") return ModelFamily::kLlama;
+  if (name == "gpt") return ModelFamily::kGpt;
+  HS_CHECK(false, "model family '", name, "' is not one of llama, gpt");
+  return ModelFamily::kLlama;
+}
+
+const char* modelFamilyName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kLlama: return "llama";
+    case ModelFamily::kGpt: return "gpt";
+  }
+  return "?";
+}
+
 ModelConfig ModelConfig::preset(const std::string& name) {
   for (const Preset& p : kPresets) {
     if (name == p.name) {
@@ -48,18 +63,34 @@ std::vector<std::string> ModelConfig::presetNames() {
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> ModelConfig::layerMatrices(int tp) const {
+  const int64_t h = hiddenSize, kv = numQueryGroups * headDim(), f = ffnHiddenSize;
+  const int64_t up = family == ModelFamily::kLlama ? 2 * f : f;  // SwiGLU fuses gate and up
+  return {{h, (h + 2 * kv) / tp}, {h / tp, h}, {h, up / tp}, {f / tp, h}};
+}
+
 int64_t ModelConfig::layerParams() const {
-  const int64_t h = hiddenSize;
-  const int64_t kv = numQueryGroups * headDim();
-  return h * (h + 2 * kv)       // fused QKV
-         + h * h                // attention projection
-         + 2 * ffnHiddenSize * h  // fused gate/up
-         + ffnHiddenSize * h    // down projection
-         + 2 * h;               // two RMSNorm weights
+  int64_t params = 0;
+  for (const auto& [k, n] : layerMatrices()) params += k * n;
+  const int64_t h = hiddenSize, kv = numQueryGroups * headDim();
+  if (family == ModelFamily::kGpt) {
+    params += (h + 2 * kv) + h + ffnHiddenSize + h;  // biases of QKV, projection, fc1, fc2
+    params += 2 * 2 * h;                            // two LayerNorms: weight and bias
+  } else {
+    params += 2 * h;  // two RMSNorm weights
+  }
+  return params;
+}
+
+int64_t ModelConfig::firstStageParams() const { return embeddingParams() + maxPositions * hiddenSize; }
+
+int64_t ModelConfig::lastStageParams() const {
+  const int64_t norm = family == ModelFamily::kGpt ? 2 * hiddenSize : hiddenSize;
+  return norm + (tiedEmbeddings ? 0 : embeddingParams());
 }
 
 int64_t ModelConfig::totalParams() const {
-  return numLayers * layerParams() + 2 * embeddingParams() + hiddenSize;
+  return numLayers * layerParams() + firstStageParams() + lastStageParams();
 }
 
 void ModelConfig::validate() const {
@@ -73,6 +104,7 @@ void ModelConfig::validate() const {
   HS_CHECK(ffnHiddenSize >= 1, "ffn_hidden_size must be >= 1, got ", ffnHiddenSize);
   HS_CHECK(vocabSize >= 1, "vocab_size must be >= 1, got ", vocabSize);
   HS_CHECK(paramBytes == 2 || paramBytes == 4, "param_bytes must be 2 or 4, got ", paramBytes);
+  HS_CHECK(maxPositions >= 0, "max_positions must be >= 0 (0: no learned positions), got ", maxPositions);
 }
 
 void ModelConfig::validate(const Layout& layout) const {

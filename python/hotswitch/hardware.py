@@ -2,12 +2,18 @@
 
 A profile file holds one JSON object with the fields of ``HardwareProfile.to_dict()``:
 ``name``, ``peak_flops`` (FLOP/s), ``efficiency`` and ``attention_efficiency`` (fractions of
-peak on linear layers and on causal attention), ``memory_bytes`` (per-rank budget),
-``intra_node_bandwidth`` / ``inter_node_bandwidth`` (bytes/s one rank sends),
-``intra_node_latency`` / ``inter_node_latency`` (seconds per message),
-``layer_overhead_seconds`` (per layer and micro-batch, forward and backward) and
-``sequence_overhead_seconds`` (per layer and sequence). Calibrated profiles
-(``hotswitch.calibrate``, ``python -m hotswitch.calibration``) and presets load and plan alike.
+peak on large matrix products and on long causal attention), ``attention_half_length``
+(tokens at which attention runs at half its efficiency), ``memory_bytes`` (per-rank budget),
+``memory_bandwidth`` (device memory bytes/s; 0: memory traffic not modelled) and
+``memory_efficiency`` (achieved fraction of it), ``intra_node_bandwidth`` /
+``inter_node_bandwidth`` (bytes/s one rank sends), ``intra_node_latency`` /
+``inter_node_latency`` (seconds per message), ``layer_overhead_seconds`` (per layer and
+micro-batch, forward and backward), ``sequence_overhead_seconds`` (per layer and sequence) and
+``step_overhead_seconds`` (per training step). ``attention_half_length``,
+``memory_bandwidth``, ``memory_efficiency`` and ``step_overhead_seconds`` may be left out
+(files written before they existed): they default to leaving their terms out. Calibrated
+profiles (``hotswitch.calibrate``, ``python -m hotswitch.calibration``, ``python -m hotswitch.costmodel fit``) and presets load and
+plan alike.
 """
 
 import json

@@ -53,15 +53,15 @@ TEST(CostModelTest, FlopsByHand) {
   CostModel cost(tiny(), unitHardware(), Topology(1, 1));
   // Per layer: linear 2 * 640 * s, attention 2 * s^2 * 8; head 2 * 10 * 8 * s.
   const int64_t s = 5;
-  const double forward = 2 * (2.0 * 640 * s + 2.0 * s * s * 8) + 2.0 * 10 * 8 * s;
-  EXPECT_DOUBLE_EQ(cost.forwardFlops(s), forward);
-  EXPECT_DOUBLE_EQ(cost.trainingFlops(s), 3 * forward);
+  const double products = 2 * 2.0 * 640 * s, attention = 2 * 2.0 * s * s * 8, head = 2.0 * 10 * 8 * s;
+  EXPECT_DOUBLE_EQ(cost.forwardFlops(s), products + attention + head);
+  // Backward: two products per forward one; flash attention's backward 2.5 forwards.
+  EXPECT_DOUBLE_EQ(cost.trainingFlops(s), 3 * products + 3.5 * attention + 3 * head);
   ModelConfig recompute = tiny();
   recompute.recompute = true;
   // Recomputation reruns the layers' forward, not the head's.
-  const double head = 2.0 * 10 * 8 * s;
   EXPECT_DOUBLE_EQ(CostModel(recompute, unitHardware(), Topology(1, 1)).trainingFlops(s),
-                   4 * (forward - head) + 3 * head);
+                   4 * products + 4.5 * attention + 3 * head);
   // Attention is quadratic: one sequence of 2s costs more than two of s.
   EXPECT_GT(cost.forwardFlops(2 * s), 2 * cost.forwardFlops(s));
 }
@@ -69,8 +69,10 @@ TEST(CostModelTest, FlopsByHand) {
 TEST(CostModelTest, SingleDevicePhaseIsComputeOverFlops) {
   CostModel cost(tiny(), unitHardware(), Topology(1, 1));
   PhaseCost p = cost.phase(Layout(1, 1, 1), {{{5, 3}, {7}}});
-  const double flops = cost.trainingFlops(5) + cost.trainingFlops(3) + cost.trainingFlops(7);
-  EXPECT_NEAR(p.totalSeconds, flops / 1e6, 1e-12);
+  // Without memory traffic or overheads the time is the training FLOPs at peak, attention's
+  // padded to flash attention's head dims: tiny()'s head dim 4 runs as 32.
+  auto flops = [&](int64_t s) { return cost.trainingFlops(s) + 2 * 3.5 * 2.0 * s * s * 8 * (32.0 / 4 - 1); };
+  EXPECT_NEAR(p.totalSeconds, (flops(5) + flops(3) + flops(7)) / 1e6, 1e-12);
   EXPECT_EQ(p.tpSeconds, 0);
   EXPECT_EQ(p.ppSeconds, 0);
   EXPECT_EQ(p.dpSeconds, 0);
@@ -83,7 +85,7 @@ TEST(CostModelTest, SingleDevicePhaseIsComputeOverFlops) {
 }
 
 TEST(CostModelTest, TermsByHand) {
-  // tiny(): 2 layers, hidden 8, linear params 640 per layer, vocab 10, bf16.
+  // tiny(): 2 layers, hidden 8, linear params 640 per layer, head dim 4 (runs as 32), vocab 10, bf16.
   HardwareProfile hw = unitHardware();
   hw.attentionEfficiency = 0.5;  // attention at half the linear layers' rate
   hw.intraNodeLatency = 1e-3;
@@ -93,21 +95,26 @@ TEST(CostModelTest, TermsByHand) {
   LayoutTerms one = cost.terms(Layout(2, 1, 1));
   // Per token: 3 * (2 layers * 2 * 640) + 3 * (2 * 10 * 8) FLOPs at 1e6 FLOP/s.
   EXPECT_DOUBLE_EQ(one.alphaCompute, (3 * 2 * 2 * 640 + 3 * 2 * 10 * 8) / 1e6);
-  // Per token^2: 3 * 2 layers * 2 * 8 FLOPs at 0.5e6 FLOP/s.
-  EXPECT_DOUBLE_EQ(one.beta, 3 * 2 * 2 * 8 / 0.5e6);
+  EXPECT_DOUBLE_EQ(one.lastStageAlpha, 3 * 2 * 10 * 8 / 1e6);
+  // Per token^2: 2 layers * 7 * 8 * (32 / 4) FLOPs at 0.5e6 FLOP/s.
+  EXPECT_DOUBLE_EQ(one.beta, 2 * 7 * 8 * 8 / 0.5e6);
   EXPECT_DOUBLE_EQ(one.gamma, 2 * 0.125);
   EXPECT_DOUBLE_EQ(one.alphaTp, 0);
   EXPECT_DOUBLE_EQ(one.microBatchSeconds, 2 * 0.25);
-  // dp2 all-reduce of (2 * 656 + 80) fp32 gradients: 2 steps of half the bytes at 1e3 B/s + latency.
-  EXPECT_DOUBLE_EQ(one.dpSeconds, 2 * ((2 * 656 + 80) * 4 / 2 / 1e3 + 1e-3));
+  // dp2 all-reduce of the rank's 1480 fp32 gradients (layers, embedding, final norm, head):
+  // 2 steps of half the bytes at 1e3 B/s + latency.
+  EXPECT_DOUBLE_EQ(one.dpSeconds, 2 * (1480 * 4 / 2 / 1e3 + 1e-3));
 
   LayoutTerms tp = cost.terms(Layout(1, 2, 1));
   EXPECT_DOUBLE_EQ(tp.alphaCompute, one.alphaCompute / 2);
   EXPECT_DOUBLE_EQ(tp.beta, one.beta / 2);
-  // 8 collectives per layer, each (tp - 1) / tp of the token's 8 * 2 bytes at 1e3 B/s.
-  EXPECT_DOUBLE_EQ(tp.alphaTp, 2 * 8 * 0.5 * 8 * 2 / 1e3);
-  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 8 * 1 * 1e-3);
+  // 8 collectives per layer, each (tp - 1) / tp of the token's 8 * 2 bytes at 1e3 B/s; the
+  // head's input gathered and its gradient scattered, and three all-reduces of 4 bytes.
+  const double head = 2 * 0.5 * 8 * 2 / 1e3 + 3 * 2 * 0.5 * 4 / 1e3;
+  EXPECT_DOUBLE_EQ(tp.alphaTp, 2 * 8 * 0.5 * 8 * 2 / 1e3 + head);
+  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 8 * 1 * 1e-3 + (2 + 3 * 2) * 1e-3);
   EXPECT_DOUBLE_EQ(tp.microBatchSeconds, 2 * 0.25 + tp.microBatchTpSeconds);
+  EXPECT_DOUBLE_EQ(tp.lastStageAlpha, one.lastStageAlpha / 2 + head);
 
   LayoutTerms pp = cost.terms(Layout(1, 1, 2));
   EXPECT_DOUBLE_EQ(pp.beta, one.beta / 2);  // one layer per stage
@@ -116,23 +123,157 @@ TEST(CostModelTest, TermsByHand) {
   EXPECT_DOUBLE_EQ(pp.microBatchSeconds, 0.25);
 }
 
-TEST(CostModelTest, PhaseFromTermsByHand) {
+TEST(CostModelTest, OneForwardOneBackwardOfEqualMicroBatches) {
+  // Equal micro-batches: sum of the stage times plus (pp - 1) stage times.
+  for (int pp : {1, 2, 4}) {
+    for (int m : {1, 3, 8}) {
+      std::vector<std::vector<double>> f(pp, std::vector<double>(m, 1.0)), b(pp, std::vector<double>(m, 2.0));
+      const double expected = m * 3.0 + (pp - 1) * 3.0;
+      EXPECT_DOUBLE_EQ(oneForwardOneBackward(f, b, std::vector<double>(m, 0.0)), expected) << pp << " " << m;
+      // Synchronous transfers: a lone micro-batch pays each stage boundary twice; in steady
+      // state the first stage waits for every gradient's round trip.
+      const double p = 0.25;
+      const double withTransfers = oneForwardOneBackward(f, b, std::vector<double>(m, p));
+      if (m == 1) EXPECT_DOUBLE_EQ(withTransfers, expected + (pp - 1) * 2 * p);
+      EXPECT_GE(withTransfers, expected + (pp - 1) * 2 * p);
+      EXPECT_LE(withTransfers, expected + (m + pp - 1) * 2 * p);
+    }
+  }
+  EXPECT_EQ(oneForwardOneBackward({{}, {}}, {{}, {}}, {}), 0);
+  EXPECT_THROW(oneForwardOneBackward({{1.0}}, {{1.0}, {1.0}}, {0.0}), InvalidArgument);
+}
+
+TEST(CostModelTest, OneForwardOneBackwardByHand) {
+  // Two stages, micro-batches of cost 3 then 9 (forward a third): stage 0 runs F0 F1 B0 B1,
+  // stage 1 F0 B0 F1 B1; no transfer time.
+  //   s0: F0 [0,1], F1 [1,4]
+  //   s1: F0 [1,2], B0 [2,4], F1 [4,7], B1 [7,13]
+  //   s0: B0 [4,6], B1 [13,19]
+  const double t = oneForwardOneBackward({{1, 3}, {1, 3}}, {{2, 6}, {2, 6}}, {0, 0});
+  EXPECT_DOUBLE_EQ(t, 19);
+  // Unequal micro-batches stall the pipeline beyond sum + (pp - 1) * the largest.
+  std::vector<std::vector<double>> f(4), b(4);
+  const std::vector<double> costs = {1, 9, 1, 1, 9, 1, 1, 1};
+  double sum = 0, largest = 0;
+  for (double c : costs) {
+    sum += c;
+    largest = std::max(largest, c);
+  }
+  for (int j = 0; j < 4; ++j) {
+    for (double c : costs) {
+      f[j].push_back(c / 3);
+      b[j].push_back(2 * c / 3);
+    }
+  }
+  EXPECT_GT(oneForwardOneBackward(f, b, std::vector<double>(costs.size(), 0)), sum + 3 * largest);
+  // Never faster than any one stage's own work.
+  EXPECT_GE(oneForwardOneBackward(f, b, std::vector<double>(costs.size(), 0)), sum);
+}
+
+TEST(CostModelTest, PhaseRunsTheLastStageAndMiddleStagesThroughOneForwardOneBackward) {
   HardwareProfile hw = unitHardware();
   hw.layerOverheadSeconds = 0.25;
   hw.intraNodeLatency = 1e-3;
   CostModel cost(tiny(), hw, Topology(2, 2));
-  // pp2, micro-batches {5, 3} and {7}: sum of stage times plus one bubble of the largest
-  // (stage time plus its two transfers).
+  // pp2, micro-batches {5, 3} and {7}: the first stage runs one layer, the last one layer
+  // and the head.
   const Layout layout(1, 1, 2);
   const LayoutTerms t = cost.terms(layout);
   PhaseCost p = cost.phase(layout, {{{5, 3}, {7}}});
-  const double first = t.u(5) + t.u(3) + t.microBatchSeconds, second = t.u(7) + t.microBatchSeconds;
-  const double c1 = first + 2 * (8 * t.p2pPerToken + t.p2pLatency);
-  const double c2 = second + 2 * (7 * t.p2pPerToken + t.p2pLatency);
-  EXPECT_NEAR(p.runSeconds(), first + second + std::max(c1, c2), 1e-12);
-  EXPECT_NEAR(p.ppSeconds, c1 > c2 ? c1 - first : c2 - second, 1e-12);
-  EXPECT_NEAR(p.computeSeconds + p.tpSeconds + p.ppSeconds, p.runSeconds(), 1e-12);
+  auto last = [&](double n, double squares, int count) {
+    return t.alpha() * n + t.beta * squares + t.gamma * count + t.microBatchSeconds;
+  };
+  const double l0 = last(8, 34, 2), l1 = last(7, 49, 1);
+  const double m0 = l0 - 8 * t.lastStageAlpha - t.lastStageMicroBatchSeconds;
+  const double m1 = l1 - 7 * t.lastStageAlpha - t.lastStageMicroBatchSeconds;
+  EXPECT_LT(m0, l0);
+  const double run = oneForwardOneBackward({{m0 / 3, m1 / 3}, {l0 / 3, l1 / 3}},
+                                           {{2 * m0 / 3, 2 * m1 / 3}, {2 * l0 / 3, 2 * l1 / 3}},
+                                           {8 * t.p2pPerToken + t.p2pLatency, 7 * t.p2pPerToken + t.p2pLatency});
+  EXPECT_NEAR(p.runSeconds(), run, 1e-12);
+  EXPECT_NEAR(p.computeSeconds + p.tpSeconds, l0 + l1, 1e-12);
+  EXPECT_NEAR(p.ppSeconds, run - l0 - l1, 1e-12);
   EXPECT_EQ(p.dpSeconds, 0);
+}
+
+TEST(CostModelTest, ProductEfficiencySaturatesInTheWorkOfOneKernel) {
+  // With memory traffic modelled, a micro-batch of n tokens costs alpha * n + o in products:
+  // its achieved FLOP rate rises with n, quickly at first, then levels off below
+  // peak * efficiency.
+  ModelConfig m = ModelConfig::preset("llama-7b");
+  HardwareProfile hw = HardwareProfile::preset("h100-datasheet");
+  hw.memoryEfficiency = 0.5;
+  hw.attentionEfficiency = 1.0;
+  CostModel cost(m, hw, Topology(1, 1));
+  const Layout layout(1, 1, 1);
+  std::vector<double> rates;
+  for (int64_t n : {16, 128, 1024, 8192, 65536}) {
+    // n sequences of one token: attention is negligible.
+    const double seconds = cost.phase(layout, {{std::vector<int64_t>(n, 1)}}).totalSeconds;
+    rates.push_back(3 * (cost.forwardFlops(1) - 2.0 * 32 * 4096) * n / seconds);
+    EXPECT_LT(rates.back(), hw.achievedFlops()) << n;
+    if (rates.size() > 1) EXPECT_GT(rates.back(), rates[rates.size() - 2]) << n;
+  }
+  EXPECT_GT(rates[1] / rates[0], 1.5);
+  EXPECT_LT(rates[4] / rates[3], 1.05);
+  // Narrower shards move more bytes per FLOP: tp = 2 costs a rank more than half of tp = 1.
+  CostModel node(m, hw, Topology(8, 8));
+  const LayoutTerms one = node.terms(Layout(8, 1, 1)), two = node.terms(Layout(4, 2, 1));
+  EXPECT_GT(two.alphaCompute, one.alphaCompute / 2);
+  // With infinite memory bandwidth (not modelled), exactly half.
+  hw.memoryBandwidth = 0;
+  CostModel flat(m, hw, Topology(8, 8));
+  EXPECT_NEAR(flat.terms(Layout(4, 2, 1)).alphaCompute, flat.terms(Layout(8, 1, 1)).alphaCompute / 2, 1e-18);
+}
+
+TEST(CostModelTest, AttentionEfficiencyIsHalfAtTheHalfLength) {
+  HardwareProfile hw = unitHardware();
+  const double half = 512;
+  hw.attentionHalfLength = half;
+  CostModel withCurve(tiny(), hw, Topology(1, 1));
+  CostModel without(tiny(), unitHardware(), Topology(1, 1));
+  const Layout layout(1, 1, 1);
+  const LayoutTerms a = withCurve.terms(layout), b = without.terms(layout);
+  // The curve adds beta * half per token: at s = half attention takes twice as long.
+  EXPECT_DOUBLE_EQ(a.alphaCompute - b.alphaCompute, b.beta * half);
+  EXPECT_DOUBLE_EQ(a.beta, b.beta);
+  const auto s = static_cast<int64_t>(half);
+  const double attentionWith = a.beta * s * s + (a.alphaCompute - b.alphaCompute) * s;
+  EXPECT_DOUBLE_EQ(attentionWith, 2 * b.beta * s * s);
+  // Long sequences approach the full efficiency.
+  const int64_t longSeq = 1 << 20;
+  const double ratio = (a.beta * longSeq * longSeq + a.beta * half * longSeq) / (b.beta * longSeq * longSeq);
+  EXPECT_LT(ratio, 1.001);
+}
+
+TEST(CostModelTest, PaddedSequencesCostAtLeastPackedOnes) {
+  CostModel cost(ModelConfig::preset("llama-7b"), HardwareProfile::preset("h100"), Topology(8, 8));
+  const std::vector<int64_t> lengths = {100, 4000, 700, 31, 2048, 8192, 5, 900};
+  const int64_t padTo = 8192;
+  for (const Layout& layout : {Layout(2, 4, 1), Layout(1, 4, 2), Layout(1, 2, 4)}) {
+    // Two sequences per micro-batch, packed (their own lengths) or padded to 8192 each.
+    PhaseBatches packed(layout.dp()), padded(layout.dp());
+    for (size_t i = 0; i < lengths.size(); i += 2) {
+      const int r = static_cast<int>(i / 2) % layout.dp();
+      packed[r].push_back({lengths[i], lengths[i + 1]});
+      padded[r].push_back({padTo, padTo});
+    }
+    const PhaseCost a = cost.phase(layout, packed), b = cost.phase(layout, padded);
+    EXPECT_GT(b.totalSeconds, a.totalSeconds) << layout.name();
+    EXPECT_GE(b.activationBytes, a.activationBytes) << layout.name();
+  }
+}
+
+TEST(CostModelTest, MoreTokensNeverCostLess) {
+  CostModel cost(ModelConfig::preset("llama-7b"), HardwareProfile::preset("h100"), Topology(16, 8));
+  for (const Layout& layout : {Layout(16, 1, 1), Layout(2, 8, 1), Layout(2, 2, 4), Layout(1, 16, 1)}) {
+    double previous = 0;
+    for (int64_t s : {1, 64, 512, 4096, 32768}) {
+      const double t = cost.phase(layout, PhaseBatches(layout.dp(), {{s}, {s}})).totalSeconds;
+      EXPECT_GT(t, previous) << layout.name() << " " << s;
+      previous = t;
+    }
+  }
 }
 
 TEST(CostModelTest, CollectivesUseTheSlowLinkAcrossNodes) {
@@ -148,9 +289,11 @@ TEST(CostModelTest, PipelineBubbleAndMemoryShrinkWithStages) {
   CostModel cost(tiny(), unitHardware(), Topology(2, 2));
   PhaseCost flat = cost.phase(Layout(2, 1, 1), {{{4}, {4}}, {{4}, {4}}});
   PhaseCost piped = cost.phase(Layout(1, 1, 2), {{{4}, {4}, {4}, {4}}});
-  // Same work per rank, but the pipeline pays a bubble of one stage time.
-  EXPECT_GT(piped.computeSeconds, flat.computeSeconds);
+  // Same layer work per rank, but the pipeline pays a bubble of one stage time (and its last
+  // stage runs the head for every micro-batch).
+  EXPECT_GT(piped.runSeconds(), flat.runSeconds());
   EXPECT_GT(piped.ppSeconds, 0);
+  EXPECT_GT(piped.computeSeconds, flat.computeSeconds);
   EXPECT_LT(piped.staticBytes, flat.staticBytes);
 }
 
@@ -173,13 +316,103 @@ TEST(CostModelTest, RejectsWhatTheLayoutCannotShard) {
   EXPECT_THROW(CostModel(tiny(), bad, Topology(1, 1)), InvalidArgument);
 }
 
-TEST(CostModelTest, PresetsFromDataSheets) {
-  HardwareProfile h200 = HardwareProfile::preset("h200");
+TEST(CostModelTest, PresetsFromTheFitAndDataSheets) {
+  const HardwareProfile sheet = HardwareProfile::preset("h100-datasheet");
+  EXPECT_DOUBLE_EQ(sheet.peakFlops, 989e12);
+  EXPECT_DOUBLE_EQ(sheet.efficiency, 0.5);
+  EXPECT_DOUBLE_EQ(sheet.intraNodeBandwidth, 450e9);
+  EXPECT_DOUBLE_EQ(sheet.interNodeBandwidth, 50e9);
+  EXPECT_DOUBLE_EQ(sheet.layerOverheadSeconds, 100e-6);
+  const HardwareProfile h100 = HardwareProfile::preset("h100");
+  EXPECT_DOUBLE_EQ(h100.peakFlops, sheet.peakFlops);
+  EXPECT_DOUBLE_EQ(h100.memoryBandwidth, 3.35e12);
+  // Fitted links never exceed the data sheet's.
+  EXPECT_LE(h100.intraNodeBandwidth, sheet.intraNodeBandwidth);
+  EXPECT_LE(h100.interNodeBandwidth, sheet.interNodeBandwidth);
+  // The other devices: the fit scaled by data-sheet ratios; efficiencies and overheads kept.
+  const HardwareProfile h200 = HardwareProfile::preset("h200"), a800 = HardwareProfile::preset("a800"),
+                        a100 = HardwareProfile::preset("a100");
   EXPECT_EQ(h200.memoryBytes, 141LL << 30);
-  EXPECT_DOUBLE_EQ(h200.intraNodeBandwidth, 450e9);
-  EXPECT_DOUBLE_EQ(h200.interNodeBandwidth, 50e9);
-  EXPECT_DOUBLE_EQ(HardwareProfile::preset("a800").intraNodeBandwidth, 200e9);
+  EXPECT_DOUBLE_EQ(h200.memoryBandwidth, 4.8e12);
+  EXPECT_DOUBLE_EQ(h200.intraNodeBandwidth, h100.intraNodeBandwidth);
+  EXPECT_DOUBLE_EQ(a100.peakFlops, 312e12);
+  EXPECT_DOUBLE_EQ(a100.intraNodeBandwidth, h100.intraNodeBandwidth * 600 / 900);
+  EXPECT_DOUBLE_EQ(a800.intraNodeBandwidth, h100.intraNodeBandwidth * 400 / 900);
+  EXPECT_DOUBLE_EQ(a800.interNodeBandwidth, h100.interNodeBandwidth / 2);
+  for (const HardwareProfile* h : {&h200, &a800, &a100}) {
+    EXPECT_DOUBLE_EQ(h->efficiency, h100.efficiency);
+    EXPECT_DOUBLE_EQ(h->attentionEfficiency, h100.attentionEfficiency);
+    EXPECT_DOUBLE_EQ(h->layerOverheadSeconds, h100.layerOverheadSeconds);
+    EXPECT_NO_THROW(h->validate());
+  }
   for (const auto& name : ModelConfig::presetNames()) EXPECT_NO_THROW(ModelConfig::preset(name).validate());
+  for (const auto& name : HardwareProfile::presetNames()) EXPECT_EQ(HardwareProfile::preset(name).name, name);
+}
+
+TEST(CostModelTest, GptFamilyCountsTwoMatricesBiasesAndTiedEmbeddings) {
+  ModelConfig gpt = tiny();
+  gpt.family = ModelFamily::kGpt;
+  gpt.tiedEmbeddings = true;
+  gpt.maxPositions = 16;
+  // qkv 8 * 24 = 192, proj 64, fc1 8 * 16 = 128, fc2 128; biases 24 + 8 + 16 + 8; LayerNorms 4 * 8.
+  EXPECT_EQ(gpt.layerParams(), 192 + 64 + 128 + 128 + 56 + 32);
+  const auto matrices = gpt.layerMatrices(2);
+  ASSERT_EQ(matrices.size(), 4u);
+  EXPECT_EQ(matrices[2], std::make_pair(int64_t{8}, int64_t{8}));  // fc1: h x f / tp
+  EXPECT_EQ(tiny().layerMatrices(2)[2], std::make_pair(int64_t{8}, int64_t{16}));  // gate/up fused
+  // Embedding and positions first; final LayerNorm last, the head tied.
+  EXPECT_EQ(gpt.firstStageParams(), 80 + 16 * 8);
+  EXPECT_EQ(gpt.lastStageParams(), 16);
+  EXPECT_EQ(gpt.totalParams(), 2 * gpt.layerParams() + 80 + 128 + 16);
+  // A GeLU MLP of two matrices costs fewer FLOPs than SwiGLU of three at the same ffn size.
+  CostModel a(gpt, unitHardware(), Topology(1, 1)), b(tiny(), unitHardware(), Topology(1, 1));
+  EXPECT_LT(a.forwardFlops(7), b.forwardFlops(7));
+  EXPECT_THROW(parseModelFamily("bert"), InvalidArgument);
+  EXPECT_EQ(std::string(modelFamilyName(parseModelFamily("gpt"))), "gpt");
+}
+
+TEST(CostModelTest, SequenceParallelismSplitsTheNormRegionAndStageTransfers) {
+  ModelConfig m = ModelConfig::preset("llama-7b");
+  HardwareProfile hw = HardwareProfile::preset("h100");
+  CostOptions off;
+  off.sequenceParallel = false;
+  CostModel with(m, hw, Topology(8, 8)), without(m, hw, Topology(8, 8), off);
+  const Layout layout(1, 4, 2);
+  const LayoutTerms a = with.terms(layout), b = without.terms(layout);
+  EXPECT_GT(b.alphaCompute, a.alphaCompute);  // norms and residual adds on every rank
+  EXPECT_DOUBLE_EQ(b.p2pPerToken, 4 * a.p2pPerToken);
+  // tp == 1 has nothing to split.
+  EXPECT_DOUBLE_EQ(with.terms(Layout(4, 1, 2)).alphaCompute, without.terms(Layout(4, 1, 2)).alphaCompute);
+}
+
+TEST(CostModelTest, CollectivesAcrossNodesSpreadOverTheGroupsNics) {
+  HardwareProfile hw = unitHardware();
+  hw.intraNodeBandwidth = 1e3;
+  hw.interNodeBandwidth = 50;
+  CostModel cost(tiny(), hw, Topology(16, 8));
+  // tp16 over two nodes: 8 ranks a node, 8 NICs: min(1e3, 8 * 50) = 400 B/s.
+  EXPECT_EQ(cost.groupRanksPerNode(Layout(1, 16, 1), Axis::kTp), 8);
+  EXPECT_DOUBLE_EQ(cost.collectiveSeconds(Layout(1, 16, 1), Axis::kTp, 1600, false), 15 * (100 / 400.0));
+  // dp2 over tp8 groups: one rank a node, one NIC.
+  EXPECT_EQ(cost.groupRanksPerNode(Layout(2, 8, 1), Axis::kDp), 1);
+  EXPECT_DOUBLE_EQ(cost.collectiveSeconds(Layout(2, 8, 1), Axis::kDp, 1000, false), 1 * (500 / 50.0));
+}
+
+TEST(CostModelTest, StepSecondsGatherParametersAndUpdateTheShard) {
+  HardwareProfile hw = unitHardware();
+  hw.stepOverheadSeconds = 0.5;
+  CostOptions zero;
+  zero.zero = true;
+  CostModel plain(tiny(), hw, Topology(2, 2)), sharded(tiny(), hw, Topology(2, 2), zero);
+  const Layout layout(2, 1, 1);
+  // No memory traffic modelled: the overhead, and under ZeRO the all-gather of 1480 bf16
+  // parameters over dp2: 1 step of half the bytes at 1e3 B/s.
+  EXPECT_DOUBLE_EQ(plain.stepSeconds(layout), 0.5);
+  EXPECT_DOUBLE_EQ(sharded.stepSeconds(layout), 0.5 + 1480 * 2 / 2 / 1e3);
+  // With memory bandwidth: the shard's update (4 + 2 * 12 + 2 bytes) and the zeroed buffer (4).
+  hw.memoryBandwidth = 1e4;
+  CostModel updating(tiny(), hw, Topology(2, 2), zero);
+  EXPECT_DOUBLE_EQ(updating.stepSeconds(layout), 0.5 + 1480 * 2 / 2 / 1e3 + (740 * 30 + 1480 * 4) / 1e4);
 }
 
 // Found by the planner fuzzer: an infinite latency passed validation and made the cost of a

@@ -138,10 +138,10 @@ std::vector<std::vector<double>> uniformSwitches(int n, double s) {
 
 TEST(PlannerTest, ObjectiveByHand) {
   Planner p = tinyPlanner(uniformSwitches(3, 0.5), {0, 0.25, 0.25}, {});
-  // dp2: u(s) = 8160e-6 s + 96e-6 s^2 (CostModelTest: TermsByHand); reduction: all-reduce of
-  // 1392 fp32 gradients over 2 ranks, 2 * 2784 / 1e3 s.
-  auto u = [](double s) { return 8160e-6 * s + 96e-6 * s * s; };
-  const double reduce = 2 * 2784 / 1e3;
+  // dp2: u(s) = 8160e-6 s + 896e-6 s^2 (CostModelTest: TermsByHand); reduction: all-reduce of
+  // 1480 fp32 gradients over 2 ranks, 2 * 2960 / 1e3 s.
+  auto u = [](double s) { return 8160e-6 * s + 896e-6 * s * s; };
+  const double reduce = 2 * 2960 / 1e3;
   EXPECT_NEAR(p.candidateModel(0).reduceSeconds, reduce, 1e-12);
   // {5, 3} under dp2: max(W / 2, U) = max((u5 + u3) / 2, u5) = u5; one micro-batch, no overhead.
   ObjectiveValue home = p.objective({5, 3}, {0, 0});
@@ -149,9 +149,10 @@ TEST(PlannerTest, ObjectiveByHand) {
   EXPECT_EQ(home.switchSeconds, 0);
   EXPECT_EQ(home.order, std::vector<int>{0});
   // {5, 3} under dp2 and {7} under tp2 (half the FLOPs per rank plus 8 collectives per layer of
-  // 7 tokens * 8 * 2 bytes / 2 at 1e3 B/s): a round trip of switches and tp2's gradients,
-  // reduced over its data group of one (free) and switched home.
-  const double tp2 = u(7) / 2 + 2 * 8 * 0.5 * 7 * 16 / 1e3;
+  // 7 tokens * 8 * 2 bytes / 2 at 1e3 B/s, and the head's: 2 of them and 3 all-reduces of 4
+  // bytes a token): a round trip of switches and tp2's gradients, reduced over its data group
+  // of one (free) and switched home.
+  const double tp2 = u(7) / 2 + 2 * 8 * 0.5 * 7 * 16 / 1e3 + 7 * (2 * 0.5 * 16 + 3 * 2 * 0.5 * 4) / 1e3;
   ObjectiveValue both = p.objective({5, 3, 7}, {0, 0, 1});
   EXPECT_NEAR(both.totalSeconds, u(5) + reduce + tp2 + 0.25 + 2 * 0.5, 1e-12);
   EXPECT_NEAR(both.phaseSeconds[1], tp2 + 0.25, 1e-12);

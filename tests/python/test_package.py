@@ -13,7 +13,7 @@ PACKAGE = os.path.dirname(os.path.abspath(hs.__file__))
 LAYERS = {"library": 0, "analysis": 1, "cli": 2, "testing": 3, "entry": 4}
 # The package's API module and the command-line shims that keep `python -m hotswitch.X` working.
 ENTRY_POINTS = {"hotswitch", "hotswitch.train", "hotswitch.launch", "hotswitch.plots", "hotswitch.calibration.__main__",
-                "hotswitch.preprocess_data", "hotswitch.train_tokenizer", "hotswitch.convert"}
+                "hotswitch.preprocess_data", "hotswitch.train_tokenizer", "hotswitch.convert", "hotswitch.costmodel"}
 
 
 def package_sources():

@@ -5,7 +5,7 @@ from typing import List, Optional
 from hotswitch import _C
 from hotswitch.analysis.simulate import switch_share
 
-__all__ = ["plot_metrics", "plot_step"]
+__all__ = ["plot_metrics", "plot_predicted_measured", "plot_step"]
 
 
 def plot_step(plan: "_C.StepPlan", planner: "_C.Planner", path: str, title: Optional[str] = None) -> None:
@@ -122,3 +122,42 @@ def _save(fig, path: str) -> None:
         raise ValueError(f"cannot write plot {path!r}: {e.strerror}") from None
     finally:
         plt.close(fig)
+
+
+def plot_predicted_measured(labels, predicted_s, measured_s, path: str, title: Optional[str] = None,
+                            groups=None) -> None:
+    """Draws predicted against measured seconds, log-log, to the PNG file ``path``.
+
+    One point per run (``labels`` name them, ``groups`` colour them: e.g. "gpt packed"), the
+    diagonal and a band of +-15% around it. ValueError when the file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not (len(labels) == len(predicted_s) == len(measured_s)) or not len(labels):
+        raise ValueError(f"labels, predicted_s and measured_s must be equally long and non-empty, got "
+                         f"{len(labels)}, {len(predicted_s)}, {len(measured_s)}")
+    groups = list(groups) if groups is not None else ["runs"] * len(labels)
+    fig, ax = plt.subplots(figsize=(5.5, 5), dpi=100)
+    lo = min(min(predicted_s), min(measured_s)) / 1.3
+    hi = max(max(predicted_s), max(measured_s)) * 1.3
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1)
+    ax.fill_between([lo, hi], [lo / 1.15, hi / 1.15], [lo * 1.15, hi * 1.15], color="0.85", zorder=0,
+                    label="\u00b115%")
+    palette = plt.get_cmap("tab10")
+    for k, g in enumerate(sorted(set(groups))):
+        xs = [m for m, gg in zip(measured_s, groups) if gg == g]
+        ys = [p for p, gg in zip(predicted_s, groups) if gg == g]
+        ax.scatter(xs, ys, s=14, color=palette(k % 10), label=g, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured iteration (s)")
+    ax.set_ylabel("predicted iteration (s)")
+    ax.set_title(title or f"{len(labels)} runs", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    _save(fig, path)

@@ -8,6 +8,8 @@
   benchmarks.microbatch --write-profile``).
 - ``online``: ``OnlineCalibration`` refits the profile from the phase and switch times that
   ``Runtime`` measures while it trains.
+- ``runs``: reads measured training runs (``data/megatron_runs``), predicts them, fits a
+  profile to them and checks one against them (command line: ``python -m hotswitch.costmodel``).
 """
 
 from hotswitch.calibration.offline import calibrate
