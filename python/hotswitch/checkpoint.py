@@ -196,6 +196,8 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
             meta = {
                 "format": FORMAT,
                 "step": runtime.step,
+                "skipped": state_dict["skipped"],
+                "grad_scaler": state_dict["grad_scaler"],
                 "world": runtime.world,
                 "home": runtime.home.name,
                 "zero": runtime.zero,
@@ -405,7 +407,8 @@ def _load(runtime, path: str) -> dict:
             merged[k] = tuple(v) if isinstance(group_state.get(k), tuple) else v
         param_groups.append(merged)
     runtime.load_state_dict({"step": meta["step"], "params": params,
-                             "optimizer": {"state": opt_state, "param_groups": param_groups}})
+                             "optimizer": {"state": opt_state, "param_groups": param_groups},
+                             "skipped": meta.get("skipped", 0), "grad_scaler": meta.get("grad_scaler")})
     if rng_states is not None:
         torch.set_rng_state(rng_states["torch"])
         if rng_states.get("cuda") is not None and torch.cuda.is_available():

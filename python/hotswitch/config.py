@@ -10,6 +10,7 @@ from typing import Optional, Sequence, Union
 
 from hotswitch._C import HardwareProfile, Layout, Topology
 from hotswitch._checks import check_bool, check_choice, check_int
+from hotswitch.precision import LossScaling
 from hotswitch.redistribute import DEFAULT_TIMEOUT_S
 
 __all__ = ["GRAD_METHODS", "NONFINITE_POLICIES", "RuntimeConfig"]
@@ -77,6 +78,12 @@ class RuntimeConfig:
     below 1. The norm counts every element once whatever the layout. ``None``: no clipping
     (the norm is still computed and reported)."""
 
+    loss_scaling: Optional[LossScaling] = None
+    """Scale the loss before the backward pass and the gradients back before the optimizer
+    (``hotswitch.precision.LossScaling``; Megatron's fp16 recipe): a step whose gradients hold
+    an inf or NaN on any rank is skipped (no optimizer update) and a dynamic scale shrinks.
+    ``None``: no scaling (fp32 or bf16 compute)."""
+
     topology: Optional[Topology] = None
     """Ranks per node. Default: ``LOCAL_WORLD_SIZE`` (torchrun's) ranks per node, or one node."""
 
@@ -96,6 +103,9 @@ class RuntimeConfig:
             raise ValueError(f"clip_grad must be a positive finite number or None, got {self.clip_grad!r}")
         if self.hardware is not None and not isinstance(self.hardware, HardwareProfile):
             raise ValueError(f"hardware must be a hotswitch.HardwareProfile, got {type(self.hardware).__name__}")
+        if self.loss_scaling is not None and not isinstance(self.loss_scaling, LossScaling):
+            raise ValueError(f"loss_scaling must be a hotswitch.precision.LossScaling or None, got "
+                             f"{self.loss_scaling!r}")
         if self.topology is not None and not isinstance(self.topology, Topology):
             raise ValueError(f"topology must be a hotswitch.Topology, got {self.topology!r}")
 
@@ -109,6 +119,8 @@ class RuntimeConfig:
                 return tuple(sorted(value.to_dict().items()))
             if isinstance(value, Topology):
                 return (value.world, value.ranks_per_node)
+            if isinstance(value, LossScaling):
+                return dataclasses.astuple(value)
             if isinstance(value, (list, tuple)):
                 return tuple(plain(v) for v in value)
             return value

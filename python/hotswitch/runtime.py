@@ -38,6 +38,7 @@ from hotswitch.model.config import TransformerConfig
 from hotswitch.model.groups import ParallelGroups, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
 from hotswitch.planner import check_candidates, tensor_switch_costs
+from hotswitch.precision import GradScaler
 from hotswitch.config import RuntimeConfig
 from hotswitch.hooks import Hooks
 from hotswitch.redistribute import default_topology, switch
@@ -78,7 +79,8 @@ class StepResult:
 
     step: int
     loss: float                  # mean over the target tokens of the whole batch
-    skipped: bool                # non-finite loss under nonfinite="skip": no optimizer step
+    skipped: bool                # no optimizer step: gradients overflowed under loss scaling, or a
+                                 # non-finite loss under nonfinite="skip"
     tokens: int                  # input tokens of the batch
     targets: int                 # target tokens (a sequence of n tokens has n - 1)
     seconds: float               # wall time of the step on this rank
@@ -89,8 +91,10 @@ class StepResult:
     best_static: str             # the single layout the planner would run instead
     best_static_predicted_s: float
     phases: List[PhaseResult]
-    grad_norm: float = 0.0       # global L2 norm of the step's gradients, before clipping
+    grad_norm: float = 0.0       # global L2 norm of the step's gradients, before clipping (inf or
+                                 # NaN when they overflowed)
     lr: float = 0.0              # the learning rate the optimizer stepped with
+    loss_scale: float = 1.0      # the loss scale after this step's update (what Megatron logs)
 
     @property
     def layouts(self) -> List[str]:
@@ -210,6 +214,8 @@ class Runtime:
         self._overhead_s = 0.0
         self._owned = None  # the accumulator's pieces this rank counts in the gradient norm
         self._optimizer_s = 0.0  # the last step's, for the next step's overhead observation
+        self.scaler = None if s.loss_scaling is None else GradScaler(s.loss_scaling)
+        self.skipped = 0  # steps without an optimizer update: the learning-rate schedule does not count them
 
     # ----------------------------------------------------------------------------- set-up
 
@@ -372,7 +378,10 @@ class Runtime:
         self._apply_fit()
         plan = self.planner.plan(lengths)
 
-        loss_scale = 1.0 / targets
+        # The gradients are those of the loss times the loss scale (1 without loss scaling),
+        # divided by the batch's target count: the mean over the batch.
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        loss_scale = scale / targets
         accumulator = None
         loss_sum = torch.zeros(1, dtype=torch.float64)
         phases: List[PhaseResult] = []
@@ -413,29 +422,43 @@ class Runtime:
         if current_layout is not None:
             self._release(self._models[current_layout.name])
         del current
+        self.hooks.fire("gradients", accumulator)
         self._stage = "reducing the step's loss, gradient norm and times"
-        # The loss and the squares of the gradients this rank owns, summed in one collective.
-        sums = torch.cat([loss_sum, self._grad_squares(accumulator)])
+        # The loss, the squares of the gradients this rank owns and its count of non-finite
+        # gradient tensors (every copy, so that a replica's overflow counts too), summed in one
+        # collective: every rank reaches the same verdict on overflow.
+        sums = torch.cat([loss_sum, self._grad_squares(accumulator), self._nonfinite(accumulator)])
         dist.all_reduce(sums, group=self.control)
         loss = float(sums[0]) / targets
-        grad_norm = math.sqrt(float(sums[1]))
+        grad_norm = math.sqrt(float(sums[1])) / scale
+        overflow = float(sums[2]) != 0 or not math.isfinite(grad_norm)
+        if overflow and math.isfinite(grad_norm):  # the inf sits in a copy this rank does not count
+            grad_norm = math.inf
         # The slowest rank's times: what the step took, and what re-calibration learns from.
         times = [time.perf_counter() - start, self._optimizer_s]
         for p in phases:
             times += [p.compute_s, p.switch_s, p.grad_s]
         times = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.control)
-        if not math.isfinite(loss) or not math.isfinite(grad_norm):
+        if not math.isfinite(loss) or (overflow and self.scaler is None):
             what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
             if self.nonfinite == "raise":
                 raise NonFiniteLoss(f"step {self.step + 1}: {what}; the optimizer did not step and the "
                                     "master weights are unchanged")
             _log.warning("step %d: %s; skipping the optimizer step", self.step + 1, what)
+        elif overflow:
+            _log.info("step %d: the gradients overflowed at loss scale %g; skipping the optimizer step",
+                      self.step + 1, scale)
 
         t0 = time.perf_counter()
-        skipped = not math.isfinite(loss) or not math.isfinite(grad_norm)
+        skipped = not math.isfinite(loss) or overflow
+        if self.scaler is not None:
+            self.scaler.update(skipped)
         lr = float(self.optimizer.param_groups[0]["lr"])
         if not skipped:
+            if scale != 1.0:
+                for g in ([accumulator] if self.zero else accumulator.values()):
+                    g.mul_(1.0 / scale)
             clip = self.settings.clip_grad
             if clip is not None and grad_norm > 0:
                 # Megatron's rule: scale every gradient by clip / (norm + 1e-6) when that is < 1.
@@ -458,6 +481,7 @@ class Runtime:
         error = abs(predicted - measured) / measured
         self.prediction_errors.append(error)
         self.step += 1
+        self.skipped += int(skipped)
         self._observe(plan, lengths, times.tolist())
         self._optimizer_s = optimizer_s
         _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%)",
@@ -469,7 +493,7 @@ class Runtime:
             optimizer_seconds=optimizer_s, predicted_s=predicted,
             best_static=self.candidates[plan.best_static_candidate].name,
             best_static_predicted_s=plan.best_static_seconds + self._overhead_s, phases=phases,
-            grad_norm=grad_norm, lr=lr)
+            grad_norm=grad_norm, lr=lr, loss_scale=scale if self.scaler is None else self.scaler.scale)
 
     # The settings, as the runtime's own attributes.
     zero = property(lambda self: self.settings.zero)
@@ -478,6 +502,12 @@ class Runtime:
     timeout = property(lambda self: float(self.settings.timeout))
     recalibrate = property(lambda self: self.settings.recalibrate)
     nonfinite = property(lambda self: self.settings.nonfinite)
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates so far: the steps less the skipped ones. A learning-rate schedule
+        follows this count (Megatron's does not advance on a skipped iteration)."""
+        return self.step - self.skipped
 
     def _enter(self, k: int, layout, current, current_layout):
         """Phase ``k``'s parameters under ``layout``: kept when the previous phase ran under it,
@@ -637,6 +667,11 @@ class Runtime:
             total += buffers[buffer].as_strided(sizes, strides, offset).double().pow(2).sum()
         return total
 
+    def _nonfinite(self, accumulator) -> torch.Tensor:
+        """How many of this rank's gradient tensors hold an inf or NaN, float64, shape (1,)."""
+        buffers = [accumulator] if self.zero else accumulator.values()
+        return torch.tensor([sum(float(not bool(torch.isfinite(g).all())) for g in buffers)], dtype=torch.float64)
+
     @staticmethod
     def _add(acc, grads):
         if isinstance(acc, torch.Tensor):
@@ -659,17 +694,23 @@ class Runtime:
         """This rank's training state under the home layout, what ``hotswitch.checkpoint``
         writes by logical box: ``{"step": int, "params": [this rank's master tensors, in the
         home placement's order (one flat buffer under ZeRO)], "optimizer": the optimizer's
-        ``state_dict()``, its state keyed by the index in "params"}``. The tensors are the
-        runtime's own (detached, not copies)."""
+        ``state_dict()``, its state keyed by the index in "params", "skipped": steps without an
+        optimizer update, "grad_scaler": the loss scaler's ``state_dict()`` or None}``. The
+        tensors are the runtime's own (detached, not copies)."""
         return {"step": self.step, "params": [p.detach() for p in self.master.values()],
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "skipped": self.skipped,
+                "grad_scaler": None if self.scaler is None else self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Takes a ``state_dict()`` of this home layout and placement (tensors of the same
-        shapes); ValueError, with nothing changed, when it does not match."""
+        shapes); ValueError, with nothing changed, when it does not match. "skipped" and
+        "grad_scaler" may be left out (states saved before they existed): then 0 and the
+        scaler's settings' initial state."""
         masters = list(self.master.values())
-        if not isinstance(state, dict) or sorted(state) != ["optimizer", "params", "step"]:
-            raise ValueError(f"a runtime state must be a dict with keys optimizer, params, step, got "
+        if not isinstance(state, dict) or not {"optimizer", "params", "step"} <= set(state) or \
+                not set(state) <= {"optimizer", "params", "step", "skipped", "grad_scaler"}:
+            raise ValueError(f"a runtime state must be a dict with keys optimizer, params, step (and optionally "
+                             f"skipped, grad_scaler), got "
                              f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
         params = state["params"]
         if len(params) != len(masters) or any(
@@ -679,11 +720,21 @@ class Runtime:
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"the state's step must be an int >= 0, got {step!r}")
+        skipped = state.get("skipped", 0)
+        if isinstance(skipped, bool) or not isinstance(skipped, int) or not 0 <= skipped <= step:
+            raise ValueError(f"the state's skipped must be an int in [0, step({step})], got {skipped!r}")
+        scaler = None
+        if self.scaler is not None:
+            scaler = GradScaler(self.scaler.settings)
+            if state.get("grad_scaler") is not None:
+                scaler.load_state_dict(state["grad_scaler"])
         self.optimizer.load_state_dict(state["optimizer"])
         with torch.no_grad():
             for p, value in zip(masters, params):
                 p.copy_(value)
         self.step = step
+        self.skipped = skipped
+        self.scaler = scaler
 
     def save_checkpoint(self, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
         """Saves a layout-independent checkpoint under ``root/step_<N>`` (see

@@ -9,7 +9,7 @@ from hotswitch.specs import llama_tensor_set
 __all__ = ["TransformerConfig", "DTYPES", "COMPUTE_DTYPES"]
 
 DTYPES = ("float32", "bfloat16", "float16")
-COMPUTE_DTYPES = ("bfloat16",)
+COMPUTE_DTYPES = ("bfloat16", "float16")
 
 
 def _positive_int(name: str, value) -> None:
@@ -29,10 +29,11 @@ class TransformerConfig:
     linear and embedding weights (output projections of each block are scaled down by
     ``sqrt(2 * num_layers)``, as in Megatron); norm weights start at one.
 
-    ``compute_dtype``: ``None`` computes in ``dtype``; ``"bfloat16"`` (with ``dtype``
-    float32) runs the matrix products and attention in bf16 under ``torch.autocast``, while
-    the parameters (the fp32 master weights), their gradients, the residual stream, the
-    norms and the loss stay in fp32.
+    ``compute_dtype``: ``None`` computes in ``dtype``; ``"bfloat16"`` or ``"float16"`` (with
+    ``dtype`` float32) runs the matrix products and attention in 16 bits under
+    ``torch.autocast``, while the parameters (the fp32 master weights), their gradients, the
+    residual stream, the norms and the loss stay in fp32 (Megatron's ``--bf16``/``--fp16``;
+    fp16 wants loss scaling, ``RuntimeConfig.loss_scaling``).
     """
 
     num_layers: int

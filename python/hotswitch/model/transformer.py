@@ -65,6 +65,21 @@ class PackContext:
         self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
 
 
+def autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``torch.autocast(device_type, dtype=dtype)`` computes matrix products in
+    ``dtype`` here (CPU autocast of torch < 2.x knows only bfloat16 and silently turns off)."""
+    import warnings
+
+    a = torch.ones(2, 2, device=device_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast(device_type, dtype=dtype):
+                return torch.mm(a, a).dtype == dtype
+        except RuntimeError:
+            return False
+
+
 class _Region:
     """The tensor-parallel group of a stage, for the layers' collectives. Gloo gathers and
     reduces no bf16: there 16-bit activations travel as fp32 (NCCL moves them as they are)."""
@@ -133,9 +148,11 @@ class ParallelTransformer(nn.Module):
     Under tp > 1 the norm regions run sequence-parallel: each TP rank holds
     ``Tp / tp`` rows of the residual stream of a pack padded to ``Tp`` tokens.
 
-    With ``config.compute_dtype`` (bfloat16 over float32 parameters) the stage's forward
-    runs under ``torch.autocast`` on the model's device: matrix products and attention in
-    bf16; parameters, their gradients, the residual stream, the norms and the loss in fp32.
+    With ``config.compute_dtype`` (bfloat16 or float16 over float32 parameters) the stage's
+    forward runs under ``torch.autocast`` on the model's device: matrix products and attention
+    in 16 bits; parameters, their gradients, the residual stream, the norms and the loss in
+    fp32. A compute dtype this device's autocast lacks (float16 on CPU before torch 2.x)
+    raises ``ValueError``.
 
     ``attention``: the attention kernel (``hotswitch.model.attention.KERNELS``); default the
     best that runs on this device and compute dtype (``select_kernel``, logged once).
@@ -163,6 +180,9 @@ class ParallelTransformer(nn.Module):
         self.device = groups.device
         self.dtype = getattr(torch, config.dtype)
         self.compute_dtype = getattr(torch, config.compute_dtype or config.dtype)
+        if self.compute_dtype != self.dtype and not autocast_runs(self.device.type, self.compute_dtype):
+            raise ValueError(f"compute_dtype {config.compute_dtype!r}: torch {torch.__version__} has no "
+                             f"{config.compute_dtype} autocast on {self.device.type}; use bfloat16 or another device")
         self.attention_kernel = select_kernel(self.device, self.compute_dtype, config.head_dim, attention)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
         self._expected = {self.tensor_set.specs[t].name: tuple(shape)

@@ -217,10 +217,28 @@ def test_pack_context_positions_targets_and_weights(tp):
 
 
 def test_compute_dtype_is_checked():
-    with pytest.raises(ValueError, match="compute_dtype 'float16'"):
-        mw.config(compute_dtype="float16")
+    with pytest.raises(ValueError, match="compute_dtype 'float64'"):
+        mw.config(compute_dtype="float64")
     with pytest.raises(ValueError, match="compute_dtype 'bfloat16' with dtype 'bfloat16'"):
         mw.config(compute_dtype="bfloat16", dtype="bfloat16")
+    with pytest.raises(ValueError, match="compute_dtype 'float16' with dtype 'float16'"):
+        mw.config(compute_dtype="float16", dtype="float16")
+    assert mw.config(compute_dtype="float16").compute_dtype == "float16"
+
+
+def test_float16_compute_is_refused_where_autocast_lacks_it():
+    from hotswitch.model.transformer import autocast_runs
+
+    runs = autocast_runs("cpu", torch.float16)
+    try:
+        run_world(1, aw.train_compute_dtype, "dp1", "float16", timeout=300)
+        refused = None
+    except Exception as e:  # the rank's ValueError, re-raised by the harness
+        refused = str(e)
+    if runs:
+        assert refused is None, refused
+    else:
+        assert refused is not None and "no float16 autocast on cpu" in refused, refused
 
 
 def test_bf16_compute_keeps_fp32_parameters_and_gradients_on_cpu():

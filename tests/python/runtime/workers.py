@@ -155,3 +155,55 @@ def nonfinite(rank, world, policy, candidates):
     retried = rt.train_step(batch(STEPS[2], 1))
     expected = clean.train_step(batch(STEPS[2], 1))
     return outcome, unchanged, after["step"], retried.loss, expected.loss, expected.layouts
+
+
+def loss_scaling(rank, world, candidates, inject, steps, root):
+    """``steps`` steps under dynamic loss scaling (initial 2**16, window 2, hysteresis 2) and fp32
+    compute. At the steps in ``inject`` (1-based) rank ``world - 1`` alone sets one of its
+    gradients to inf through the ``"gradients"`` hook. Returns per step (skipped, loss scale,
+    whether the master weights changed, grad norm), the runtime's skipped/updates counts, the
+    full weights (rank 0) and the scaler state a checkpoint saved after the last step restores
+    into a fresh runtime, with its skipped count."""
+    from hotswitch.checkpoint import latest_checkpoint
+    from hotswitch.precision import LossScaling
+
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+
+    def runtime(scaling):
+        return hs.Runtime(cfg, candidates=candidates, hardware=hardware(), max_context=MAX_CONTEXT, seed=7,
+                          recalibrate=False, loss_scaling=scaling,
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+
+    rt = runtime(LossScaling(initial=2.0 ** 16, window=2, hysteresis=2))
+    step = [0]
+
+    def corrupt(accumulator):
+        if step[0] in inject and rank == world - 1:
+            g = accumulator if isinstance(accumulator, torch.Tensor) else next(iter(accumulator.values()))
+            g.view(-1)[0] = float("inf")
+
+    rt.hooks.add("gradients", corrupt)
+    out = []
+    for i in range(steps):
+        step[0] = i + 1
+        before = [p.clone() for p in rt.state_dict()["params"]]
+        r = rt.train_step(batch(STEPS[1 + i % 3], i))
+        changed = not all(torch.equal(a, b) for a, b in zip(before, rt.state_dict()["params"]))
+        out.append((r.skipped, r.loss_scale, changed, r.grad_norm))
+    rt.save_checkpoint(root)
+    fresh = runtime(LossScaling(initial=2.0 ** 16, window=2, hysteresis=2))
+    fresh.load_checkpoint(latest_checkpoint(root))
+    weights = rt.full_weights()
+    return (out, (rt.skipped, rt.updates), _numpy(weights) if rank == 0 else None,
+            (fresh.scaler.state_dict(), fresh.skipped, fresh.updates))
+
+
+def unscaled(rank, world, candidates):
+    """The steps of ``loss_scaling`` without loss scaling: per step the grad norm, and the
+    full weights (rank 0)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=candidates, hardware=hardware(), max_context=MAX_CONTEXT, seed=7,
+                    recalibrate=False, optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    norms = [rt.train_step(batch(STEPS[1 + i % 3], i)).grad_norm for i in range(3)]
+    weights = rt.full_weights()
+    return norms, _numpy(weights) if rank == 0 else None
