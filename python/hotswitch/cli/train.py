@@ -6,7 +6,8 @@ statically or with hot switching.
         --hot-switch --candidate-layouts auto --memory-budget-gb 0.05
     /usr/bin/python3 -m hotswitch.launch --nproc-per-node 4 -m hotswitch.train ...   # same, no torchrun
 
-Arguments follow Megatron-LM's names. Without ``--hot-switch`` the run is static: one layout,
+Arguments follow Megatron-LM's names; those of Megatron-LM that change nothing here are
+ignored with a warning, those it cannot honour are refused (hotswitch.cli.megatron_args). Without ``--hot-switch`` the run is static: one layout,
 dp = world / (tp * pp), from ``--tensor-model-parallel-size`` and
 ``--pipeline-model-parallel-size``. With it, every step is planned over the candidate
 layouts. Gloo on CPU, NCCL when CUDA is available.
@@ -33,12 +34,14 @@ from hotswitch.distributed import init_distributed
 from hotswitch.config import RuntimeConfig
 from hotswitch.hardware import load_hardware
 from hotswitch.logging import get_logger
+from hotswitch.cli import megatron_args
 from hotswitch.model.config import TransformerConfig
+from hotswitch.precision import LossScaling
 from hotswitch.runtime import Runtime
 from hotswitch.schedule import DECAY_STYLES, LearningRateSchedule
 
-__all__ = ["build_parser", "format_iteration", "iteration_record", "learning_rate_schedule", "main", "parse_args",
-           "runtime_config", "validation_record"]
+__all__ = ["build_parser", "format_iteration", "iteration_record", "learning_rate_schedule", "loss_scaling", "main",
+           "parse_args", "runtime_config", "validation_record"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the tokenizer's, padded to --make-vocab-size-divisible-by")
     m.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     m.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    m.add_argument("--init-method-std", type=float, default=0.02, help="standard deviation of the initial weights")
+    m.add_argument("--norm-epsilon", type=float, default=1e-5, help="RMSNorm epsilon")
+    m.add_argument("--rotary-base", type=float, default=10000.0, help="rotary embedding base (theta)")
     t = p.add_argument_group("training")
     t.add_argument("--micro-batch-size", type=int, default=None,
                    help="sequences of --seq-length per micro-batch: caps a micro-batch's tokens")
@@ -72,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--adam-beta1", type=float, default=0.9)
     t.add_argument("--adam-beta2", type=float, default=0.95)
+    t.add_argument("--adam-eps", type=float, default=1e-8)
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over the home data group")
     par = p.add_argument_group("parallelism")
@@ -85,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled peer raises")
     par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                      help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
+    mp = p.add_argument_group("mixed precision (Megatron-LM's: fp32 master weights, optimizer state and gradients)")
+    mp.add_argument("--bf16", action="store_true", help="bf16 compute")
+    mp.add_argument("--fp16", action="store_true", help="fp16 compute with loss scaling")
+    mp.add_argument("--loss-scale", type=float, default=None,
+                    help="a constant loss scale (default with --fp16: dynamic)")
+    mp.add_argument("--initial-loss-scale", type=float, default=2.0 ** 32, help="the dynamic scale's start")
+    mp.add_argument("--min-loss-scale", type=float, default=1.0, help="the dynamic scale's floor")
+    mp.add_argument("--loss-scale-window", type=int, default=1000,
+                    help="overflow-free iterations before the dynamic scale doubles")
+    mp.add_argument("--hysteresis", type=int, default=2, help="overflowing iterations before the dynamic scale halves")
     d = p.add_argument_group("data")
     d.add_argument("--data-path", nargs="+", default=None,
                    help="an indexed dataset prefix (PREFIX.bin/.idx) or a directory of text files, or a blend "
@@ -116,10 +133,29 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) -> argparse.Namespace:
     """Parses and checks the arguments; exits with status 2 naming the bad value."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv, warnings, refusal = megatron_args.screen(sys.argv[1:] if argv is None else list(argv))
+    if refusal:
+        parser.error(refusal)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(megatron_args.unknown(unknown[0]))
+    for line in warnings if int(os.environ.get("RANK", "0") or 0) == 0 else ():
+        print(line, file=sys.stderr, flush=True)
+    if args.bf16 and args.fp16:
+        parser.error("--bf16 and --fp16 exclude each other: give one")
+    for name in ("init_method_std", "norm_epsilon", "rotary_base", "adam_eps", "initial_loss_scale",
+                 "min_loss_scale") + (("loss_scale",) if args.loss_scale is not None else ()):
+        value = getattr(args, name)
+        if not math.isfinite(value) or value <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    if args.loss_scale is not None and not (args.fp16 or args.bf16):
+        parser.error(f"--loss-scale {args.loss_scale} needs --fp16 or --bf16 (fp32 training scales no loss)")
+    if args.fp16 and args.loss_scale is None and args.min_loss_scale > args.initial_loss_scale:
+        parser.error(f"--min-loss-scale({args.min_loss_scale}) must be <= --initial-loss-scale"
+                     f"({args.initial_loss_scale})")
     positive = ["num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
                 "train_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                "make_vocab_size_divisible_by", "log_interval"]
+                "make_vocab_size_divisible_by", "log_interval", "loss_scale_window", "hysteresis"]
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -215,7 +251,19 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         max_context=args.seq_length,
         max_tokens_per_micro_batch=None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length,
         zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate,
-        clip_grad=args.clip_grad or None)
+        clip_grad=args.clip_grad or None, loss_scaling=loss_scaling(args))
+
+
+def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:
+    """Megatron's grad scaler: ``--loss-scale`` a constant one (with ``--fp16`` or
+    ``--bf16``); else with ``--fp16`` a dynamic one (``--initial-loss-scale --min-loss-scale
+    --loss-scale-window --hysteresis``); none for bf16 or fp32."""
+    if args.loss_scale is not None:
+        return LossScaling(constant=args.loss_scale)
+    if args.fp16:
+        return LossScaling(initial=args.initial_loss_scale, min=args.min_loss_scale, window=args.loss_scale_window,
+                           hysteresis=args.hysteresis)
+    return None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -234,7 +282,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             num_attention_heads=args.num_attention_heads, num_query_groups=args.num_query_groups,
             ffn_hidden_size=args.ffn_hidden_size, vocab_size=args.vocab_size,
             max_position_embeddings=args.max_position_embeddings,
-            tied_embedding=not args.untie_embeddings_and_output_weights)
+            tied_embedding=not args.untie_embeddings_and_output_weights, init_std=args.init_method_std,
+            norm_eps=args.norm_epsilon, rope_theta=args.rotary_base,
+            compute_dtype="bfloat16" if args.bf16 else "float16" if args.fp16 else None)
         settings = runtime_config(args, world)
         splits = open_splits(args.data_path or [default_corpus_dir()], args.split, args.tokenizer,
                              max_length=args.seq_length, max_files=args.max_files, unit=args.document_unit)
@@ -245,7 +295,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         runtime = Runtime(
             config, settings,
             optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
-                                                       betas=(args.adam_beta1, args.adam_beta2)))
+                                                       betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps))
     except ValueError as e:
         parser.error(str(e))
 
@@ -273,21 +323,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     results = []
     metrics = open(args.metrics_file, "a") if rank == 0 and args.metrics_file else None
     consumed = start_step * args.global_batch_size if not args.global_batch_tokens else 0
-    skipped_total = 0
+    skipped_in_interval = 0
     for it in range(start_step, args.train_iters):
         batch = sampler.next_batch()
-        args.schedule.apply(runtime.optimizer, it)
+        # Megatron's schedule counts optimizer updates: a skipped iteration does not advance it.
+        args.schedule.apply(runtime.optimizer, runtime.updates)
         result = runtime.train_step(batch)
         results.append(result)
         consumed += len(batch)
-        skipped_total += int(result.skipped)
+        skipped_in_interval += int(result.skipped)
         tps = result.tokens / result.seconds
         layouts = "+".join(result.layouts)
         if bar is not None:
             bar.set_postfix_str(f"loss {result.loss:.3f} | {tps:,.0f} tok/s | {layouts}")
             bar.update(1)
         if rank == 0 and (it + 1) % args.log_interval == 0:
-            record = iteration_record(result, args.train_iters, consumed, len(batch), skipped_total)
+            record = iteration_record(result, args.train_iters, consumed, len(batch), skipped_in_interval)
+            skipped_in_interval = 0
             msg = format_iteration(record)
             if bar is not None:
                 bar.write(msg)
@@ -350,13 +402,15 @@ def validation_record(runtime, splits, args, iteration: int) -> Optional[dict]:
             "valid_ppl": math.exp(min(loss, 700.0)) if math.isfinite(loss) else loss}
 
 
-def iteration_record(result, train_iters: int, consumed: int, batch_size: int, skipped_total: int) -> dict:
-    """One logged iteration's figures, as the log line shows them and the metrics file holds them."""
+def iteration_record(result, train_iters: int, consumed: int, batch_size: int, skipped: int) -> dict:
+    """One logged iteration's figures, as the log line shows them and the metrics file holds them.
+    ``skipped``: iterations without an optimizer update since the last logged one (Megatron's
+    "number of skipped iterations"); ``loss_scale`` the scale after this iteration."""
     switch_share = result.switch_seconds / result.seconds if result.seconds else 0.0
     return {"iteration": result.step, "train_iters": train_iters, "consumed_samples": consumed,
             "elapsed_ms_per_iteration": round(1e3 * result.seconds, 3), "learning_rate": result.lr,
-            "global_batch_size": batch_size, "lm_loss": result.loss, "loss_scale": 1.0,
-            "grad_norm": result.grad_norm, "skipped_iterations": skipped_total,
+            "global_batch_size": batch_size, "lm_loss": result.loss, "loss_scale": result.loss_scale,
+            "grad_norm": result.grad_norm, "skipped_iterations": skipped,
             "tokens_per_s": round(result.tokens / result.seconds, 1) if result.seconds else 0.0,
             "tokens": result.tokens, "layouts": result.layouts, "switch_share": round(switch_share, 4),
             "predicted_s": round(result.predicted_s, 4)}
@@ -387,6 +441,7 @@ def _summary(results, runtime, world: int) -> dict:
         "switch_seconds": round(switch, 3),
         "switch_share": round(switch / seconds, 4) if seconds else 0.0,
         "final_loss": results[-1].loss if results else None,
+        "skipped_iterations": sum(int(r.skipped) for r in results),
         "losses": [r.loss for r in results],
         "step_seconds": [round(r.seconds, 4) for r in results],
         "step_tokens": [r.tokens for r in results],
