@@ -100,3 +100,13 @@ def test_donated_shards_are_reused_but_never_while_referenced():
         assert note == "ok"
         assert intact
         assert reused > 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16bit_tensor_sets_switch_bit_for_bit(dtype):
+    names = _layouts(4)
+    pairs = [(a, "sharded", b, "sharded") for a, b in itertools.product(names, names)]
+    pairs += [(a, "sharded", b, "zero") for a, b in itertools.product(names, ["dp4", "dp2tp2"])]
+    pairs += [("dp4", "zero", b, "sharded") for b in names]
+    for failures in run_world(4, w.every_pair_16bit, pairs, dtype, True, timeout=300):
+        assert failures == []

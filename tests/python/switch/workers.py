@@ -211,3 +211,32 @@ def switch_on_device(rank, world, pairs):
             if not _same(out, shards_for(ts, fulls, b, rank, dst_kind)):
                 failures.append(f"{dtype} {src}:{src_kind} -> {dst}:{dst_kind} differs from the reference")
     return failures
+
+
+def _bits(x):
+    """A 16-bit tensor's (or a dict's) bit patterns as int16: NaN payloads compare too."""
+    if isinstance(x, torch.Tensor):
+        return x.view(torch.int16) if x.element_size() == 2 else x
+    return {k: _bits(v) for k, v in x.items()}
+
+
+def every_pair_16bit(rank, world, pairs, dtype, tied):
+    """Switches a ``dtype`` (bfloat16 or float16) tensor set through every (src, src_kind,
+    dst, dst_kind) of ``pairs``; the full tensors hold random bit patterns (subnormals, infs
+    and NaNs among them). Returns the pairs whose result is not bit for bit the reference
+    placement's, or whose shards changed dtype."""
+    ts = model_set(tied=tied, dtype=dtype)
+    g = torch.Generator().manual_seed(5)
+    fulls = {s.name: torch.randint(-2 ** 15, 2 ** 15, tuple(s.shape), dtype=torch.int16, generator=g).view(
+        getattr(torch, dtype)) for s in ts.specs}
+    failures = []
+    for src, src_kind, dst, dst_kind in pairs:
+        a, b = hs.Layout.parse(src), hs.Layout.parse(dst)
+        result = hs.switch(shards_for(ts, fulls, a, rank, src_kind), ts, a, b, src_kind=src_kind,
+                           dst_kind=dst_kind, timeout=60)
+        expected = shards_for(ts, fulls, b, rank, dst_kind)
+        dtypes = {t.dtype for t in ([result.shards] if isinstance(result.shards, torch.Tensor)
+                                    else result.shards.values())}
+        if dtypes != {getattr(torch, dtype)} or not _equal(_bits(result.shards), _bits(expected)):
+            failures.append(f"{src}:{src_kind} -> {dst}:{dst_kind}")
+    return failures
