@@ -21,8 +21,12 @@ share of a training step.
   (draw + train step); ``step_overhead_vs_text_loader`` = (indexed draw - text draw) / text
   loader's whole step: the change of a step's time from switching loaders (negative: faster).
 
-Not here: ``bf16_parity_max_rel_loss_diff`` and ``grad_norm_rel_diff_max`` belong with mixed
-precision and gradient clipping.
+- ``bf16_parity_max_rel_loss_diff``: the tiny model of ``hotswitch.testing.scenarios`` trains
+  two steps in bf16 compute (fp32 master weights) on one rank and under each of 4 static
+  layouts of 4 ranks (dp4, dp2tp2, tp2pp2, pp4); the largest relative difference of a step's
+  loss from the one-rank run's (the test bounds it by 1e-2, a few units of bf16's 2**-8).
+  ``grad_norm_rel_diff_max``: the same runs in fp32, the largest relative difference of a
+  step's gradient norm (before clipping) from the one-rank run's.
 
     /usr/bin/python3 -m benchmarks.data [--quick]
 """
@@ -144,6 +148,21 @@ def _step_share(rank, world, jsonl_prefix, max_files, steps, batch, seq_length):
     return {k: float(np.mean(v[1:])) for k, v in draw.items()}, float(np.mean(step[1:]))
 
 
+PARITY_LAYOUTS = ["dp4", "dp2tp2", "tp2pp2", "pp4"]
+
+
+def _parity() -> dict:
+    from hotswitch.testing.harness import run_world
+    from hotswitch.testing.precision import max_rel_diff, parity
+
+    single = run_world(1, parity, ["dp1"], ["bfloat16", None], timeout=900)[0]
+    multi = run_world(4, parity, PARITY_LAYOUTS, ["bfloat16", None], timeout=900)[0]
+    loss = max_rel_diff(multi["bfloat16"], single["bfloat16"]["dp1"], 0)
+    grad_norm = max_rel_diff(multi["float32"], single["float32"]["dp1"], 1)
+    return {"parity_layouts": PARITY_LAYOUTS, "bf16_parity_max_rel_loss_diff": float(f"{loss:.3e}"),
+            "grad_norm_rel_diff_max": float(f"{grad_norm:.3e}")}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,6 +195,8 @@ def main(argv=None) -> int:
         print(f"preprocess: {result}", flush=True)
         draw, step = run_world(1, _step_share, os.path.join(tmp, "ByteTokenizer_text_document"), a.max_files,
                                a.steps, a.global_batch_size, a.seq_length, timeout=1800)[0]
+    result.update(_parity())
+    print(f"parity: {result}", flush=True)
     text_step = draw["text"] + step
     result.update({
         "draw_text_s": round(draw["text"], 5), "draw_indexed_s": round(draw["indexed"], 5),
