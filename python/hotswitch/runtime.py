@@ -361,7 +361,9 @@ class Runtime:
         raises ``SwitchTimeout``/``SwitchFault`` within the timeout, naming the rank, the
         step and the stage (which phase, which switch or which groups). A NaN or infinite loss
         raises ``NonFiniteLoss`` (a ValueError) under ``nonfinite="raise"``, or skips the
-        optimizer step under ``"skip"``. After any error the master weights and optimizer
+        optimizer step under ``"skip"``. Under loss scaling, gradients that overflow (an inf
+        or NaN on any rank) skip the optimizer step on every rank and shrink a dynamic scale;
+        the step counts in ``skipped``. After any error the master weights and optimizer
         state are as they were; after a fault the process group is usually unusable: restart
         the job from the last checkpoint.
         """

@@ -7,10 +7,10 @@ statically or with hot switching.
     /usr/bin/python3 -m hotswitch.launch --nproc-per-node 4 -m hotswitch.train ...   # same, no torchrun
 
 Arguments follow Megatron-LM's names; those of Megatron-LM that change nothing here are
-ignored with a warning, those it cannot honour are refused (hotswitch.cli.megatron_args). Without ``--hot-switch`` the run is static: one layout,
-dp = world / (tp * pp), from ``--tensor-model-parallel-size`` and
-``--pipeline-model-parallel-size``. With it, every step is planned over the candidate
-layouts. Gloo on CPU, NCCL when CUDA is available.
+ignored with a warning, those it cannot honour are refused (hotswitch.cli.megatron_args).
+Without ``--hot-switch`` the run is static: one layout, dp = world / (tp * pp), from
+``--tensor-model-parallel-size`` and ``--pipeline-model-parallel-size``. With it, every step
+is planned over the candidate layouts. Gloo on CPU, NCCL when CUDA is available.
 """
 
 import argparse

@@ -2,5 +2,6 @@
 harness over a temp-file store (``harness.run_world``), scripted faults through the
 runtime's hook points (``faults``), the static single-layout trainer that serves as the
 single-process reference (``reference``), a small CPU world and the fault scenarios run on
-it (``scenarios``), and tables of bad inputs for every public entry point (``bad_inputs``).
+it (``scenarios``), layout parity under mixed precision on that world (``precision``), and
+tables of bad inputs for every public entry point (``bad_inputs``).
 """
