@@ -67,7 +67,8 @@ class PackContext:
 
 def autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
     """Whether ``torch.autocast(device_type, dtype=dtype)`` computes matrix products in
-    ``dtype`` here (CPU autocast of torch < 2.x knows only bfloat16 and silently turns off)."""
+    ``dtype`` here (the CPU autocast of older torch, 1.13 among them, knows only bfloat16 and
+    silently turns itself off for float16)."""
     import warnings
 
     a = torch.ones(2, 2, device=device_type)
@@ -151,7 +152,7 @@ class ParallelTransformer(nn.Module):
     With ``config.compute_dtype`` (bfloat16 or float16 over float32 parameters) the stage's
     forward runs under ``torch.autocast`` on the model's device: matrix products and attention
     in 16 bits; parameters, their gradients, the residual stream, the norms and the loss in
-    fp32. A compute dtype this device's autocast lacks (float16 on CPU before torch 2.x)
+    fp32. A compute dtype this device's autocast lacks (float16 on the CPU of torch 1.13)
     raises ``ValueError``.
 
     ``attention``: the attention kernel (``hotswitch.model.attention.KERNELS``); default the
