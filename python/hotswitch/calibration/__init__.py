@@ -8,6 +8,9 @@
   benchmarks.microbatch --write-profile``); ``agreed_layer_overhead`` measures it on rank 0 of a
   job and gives every rank the same profile (``python -m hotswitch.train`` does this by default
   when it plans with a preset).
+- ``shards``: ``measure_shards(config, tps, token_counts)`` times the model's layer shards at
+  the shapes of each tensor-parallel size on one device and ``fit_shards`` fits the profile's
+  compute fields to them (command line: ``python -m hotswitch.calibration --device cuda``).
 - ``online``: ``OnlineCalibration`` refits the profile from the phase and switch times that
   ``Runtime`` measures while it trains.
 - ``runs``: reads measured training runs (``data/megatron_runs``), predicts them, fits a
