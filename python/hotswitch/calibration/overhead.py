@@ -32,7 +32,8 @@ from hotswitch.distributed import spawn
 from hotswitch.logging import get_logger
 from hotswitch.model.config import TransformerConfig
 
-__all__ = ["MicroBatchCosts", "fit_layer_seconds", "measure_micro_batch", "with_layer_overhead"]
+__all__ = ["MicroBatchCosts", "agreed_layer_overhead", "default_token_counts", "fit_layer_seconds", "measure_micro_batch",
+           "with_layer_overhead"]
 
 _log = get_logger("calibrate")
 
@@ -209,3 +210,42 @@ def with_layer_overhead(profile: "_C.HardwareProfile", costs: MicroBatchCosts,
     if name is not None:
         fields["name"] = name
     return _C.HardwareProfile.from_dict(fields)
+
+
+def default_token_counts(config: TransformerConfig) -> List[int]:
+    """Three token counts a micro-batch of ``config`` may hold, spread to separate the fixed,
+    per-token and per-score terms: 128, 512 and 2048, or quarters of a shorter context."""
+    longest = config.max_position_embeddings
+    counts = [c for c in (128, 512, 2048) if c <= longest]
+    if len(counts) < 3:
+        counts = [max(1, longest // 4), max(2, longest // 2), longest]
+    return sorted(set(counts))
+
+
+def agreed_layer_overhead(config: TransformerConfig, profile: "_C.HardwareProfile",
+                          token_counts: Optional[Sequence[int]] = None, repeats: int = 3,
+                          timeout: float = 600.0):
+    """The profile to plan with on every rank of the job: ``profile`` with the layer overhead
+    that rank 0 measures on its device (``measure_micro_batch``) for this model, sent to every
+    rank, so all ranks plan alike. Call it on every rank of the initialised default group
+    (all ranks wait for rank 0). Returns ``(profile, costs)``: ``costs`` is the
+    ``MicroBatchCosts`` on rank 0 and None elsewhere. A failed measurement raises on every rank.
+    """
+    import torch.distributed as dist
+
+    tokens = default_token_counts(config) if token_counts is None else list(token_counts)
+    box = [None]
+    costs = None
+    if dist.get_rank() == 0:
+        try:
+            costs = measure_micro_batch(config, tokens, repeats=repeats, warmup=1, timeout=timeout)
+            box[0] = ("ok", costs.layer_overhead_seconds)
+        except (RuntimeError, TimeoutError, ValueError) as e:
+            box[0] = ("error", f"{type(e).__name__}: {e}")
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status != "ok":
+        raise RuntimeError(f"measuring the layer overhead on rank 0 failed: {value}")
+    fields = profile.to_dict()
+    fields["layer_overhead_seconds"] = float(value)
+    return _C.HardwareProfile.from_dict(fields), costs

@@ -40,13 +40,13 @@ import dataclasses
 import json
 import math
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from hotswitch import _C
 
-__all__ = ["COLUMNS", "FITTED", "Check", "Run", "check", "fit", "pairwise_order_agreement", "predict",
+__all__ = ["COLUMNS", "FITTED", "Check", "Run", "check", "fit", "fit_fields", "pairwise_order_agreement", "predict",
            "read_runs", "sample_lengths"]
 
 COLUMNS = ("run", "family", "world", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -523,7 +523,22 @@ def fit(runs: Sequence[Run], base: "_C.HardwareProfile", steps: int = 8, seed: i
     if len(usable) < len(names):
         raise ValueError(f"{len(usable)} runs can be rebuilt; fitting {len(names)} fields needs at least as many")
     prepared = _Prepared(usable, steps, seed, gpus_per_node)
-    measured = np.log([r.measured_s for r in usable])
+    profile, report = fit_fields(prepared.seconds, [r.measured_s for r in usable], base, names, iterations, name)
+    report.update(runs=len(usable), skipped=len(runs) - len(usable))
+    return profile, report
+
+
+def fit_fields(seconds: Callable[["_C.HardwareProfile"], np.ndarray], measured_s: Sequence[float],
+               base: "_C.HardwareProfile", names: Sequence[str], iterations: int = 60,
+               name: str = "fitted") -> Tuple["_C.HardwareProfile", dict]:
+    """The profile whose fields ``names`` (of ``FITTED``; every other field is ``base``'s)
+    minimise sum (log seconds(profile) - log measured_s)^2: damped Gauss-Newton, each field
+    moving on the log of its value within its bounds, from a fixed start (``_START``).
+    ``seconds`` maps a profile to the predicted seconds of every measurement. Returns
+    ``(profile, report)``; report: ``fitted`` (field -> value), ``bounds``, ``iterations``,
+    ``rms_log_error``."""
+    base_fields = base.to_dict()
+    measured = np.log(np.asarray(measured_s, dtype=float))
     bounds = _bounds(base_fields)
     offset = np.array([_LOG_OFFSET.get(n, 0.0) for n in names])
     lo = np.log(np.array([bounds[n][0] for n in names]) + offset)
@@ -541,7 +556,7 @@ def fit(runs: Sequence[Run], base: "_C.HardwareProfile", steps: int = 8, seed: i
         return values
 
     def residuals(z: np.ndarray) -> np.ndarray:
-        return np.log(prepared.seconds(_C.HardwareProfile.from_dict(decode(z)))) - measured
+        return np.log(seconds(_C.HardwareProfile.from_dict(decode(z)))) - measured
 
     z = np.clip((np.log(np.array([start[n] for n in names]) + offset) - lo) / (hi - lo), 0.0, 1.0)
     r = residuals(z)
@@ -573,6 +588,5 @@ def fit(runs: Sequence[Run], base: "_C.HardwareProfile", steps: int = 8, seed: i
     values = decode(z)
     profile = _C.HardwareProfile.from_dict(values)
     report = {"fitted": {n: values[n] for n in names}, "bounds": {n: list(bounds[n]) for n in names},
-              "iterations": done, "rms_log_error": math.sqrt(cost / len(r)), "runs": len(usable),
-              "skipped": len(runs) - len(usable)}
+              "iterations": done, "rms_log_error": math.sqrt(cost / len(r))}
     return profile, report

@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--home-layout", default=None, help="layout of the master weights (default: chosen)")
     par.add_argument("--memory-budget-gb", type=float, default=None, help="per-rank memory the plans respect")
     par.add_argument("--hardware", default="a100", help="cost profile: a preset name or a calibrated JSON file")
+    par.add_argument("--micro-batch-overhead", default="auto", choices=("auto", "measure", "profile"),
+                     help="the fixed cost per layer and micro-batch the plans count: measured on rank 0's device "
+                          "before training (measure), or --hardware's (profile); auto measures when hot-switching "
+                          "with a preset and re-calibration on, since presets hold another system's overheads")
     par.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled peer raises")
     par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                      help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
@@ -266,6 +270,26 @@ def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:
     return None
 
 
+def measure_overhead(args: argparse.Namespace) -> bool:
+    """Whether this run plans with the layer overhead measured on its own device."""
+    if args.micro_batch_overhead != "auto":
+        return args.micro_batch_overhead == "measure"
+    return args.hot_switch and args.recalibrate and not args.hardware.endswith(".json")
+
+
+def _measured_overhead(config: TransformerConfig, profile, rank: int):
+    """``profile`` with the layer overhead of this model measured on rank 0 (every rank gets it)."""
+    from hotswitch.calibration.overhead import agreed_layer_overhead
+
+    planned, costs = agreed_layer_overhead(config, profile)
+    if rank == 0:
+        print(f"planning with a layer overhead of {planned.layer_overhead_seconds * 1e3:.3f} ms per micro-batch, "
+              f"measured on {costs.device} ({costs.device_name}, {costs.attention} attention) in "
+              f"{costs.seconds:.1f} s; --hardware {profile.name} holds "
+              f"{profile.layer_overhead_seconds * 1e3:.3f} ms", flush=True)
+    return planned
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     world_env = os.environ.get("WORLD_SIZE", "1")
     args = parse_args(argv, int(world_env) if world_env.isdigit() else None)
@@ -286,6 +310,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             norm_eps=args.norm_epsilon, rope_theta=args.rotary_base,
             compute_dtype="bfloat16" if args.bf16 else "float16" if args.fp16 else None)
         settings = runtime_config(args, world)
+        if measure_overhead(args):
+            settings = dataclasses.replace(settings, hardware=_measured_overhead(config, settings.hardware, rank))
         splits = open_splits(args.data_path or [default_corpus_dir()], args.split, args.tokenizer,
                              max_length=args.seq_length, max_files=args.max_files, unit=args.document_unit)
         sampler = LengthAwareSampler(
@@ -451,6 +477,8 @@ def _summary(results, runtime, world: int) -> dict:
         "pred_error_median": round(statistics.median(warm), 4) if warm else None,
         "layouts": sorted({l for r in results for l in r.layouts}),
         "home": runtime.home.name,
+        # What the first step planned with: --hardware's, or measured here (--micro-batch-overhead).
+        "planned_layer_overhead_seconds": runtime.settings.hardware.layer_overhead_seconds,
     }
 
 

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+import hotswitch as hs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--num-query-groups", "2",
          "--seq-length", "256", "--global-batch-size", "12", "--max-files", "40", "--no-progress"]
@@ -113,3 +115,31 @@ def test_megatron_log_lines_and_metrics_file(tmp_path):
     assert records[0]["learning_rate"] == pytest.approx(5e-4)
     assert records[1]["learning_rate"] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert all(r["grad_norm"] > 0 and set(r["layouts"]) <= {"dp2", "tp2"} for r in records)
+
+
+def test_plans_with_the_layer_overhead_measured_on_rank_0(tmp_path):
+    path = tmp_path / "summary.json"
+    out = _train(2, "--hot-switch", "--candidate-layouts", "dp2,tp2", "--train-iters", "2", "--hardware", "h100",
+                 "--micro-batch-overhead", "measure", "--summary-json", str(path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [l for l in out.stdout.splitlines() if l.startswith("planning with a layer overhead of ")]
+    assert len(lines) == 1 and "measured on cpu" in lines[0], out.stdout[-2000:]  # rank 0 measures, once
+    measured_ms = float(lines[0].split("planning with a layer overhead of ")[1].split(" ms")[0])
+    preset = hs.HardwareProfile.preset("h100").layer_overhead_seconds
+    assert f"--hardware h100 holds {preset * 1e3:.3f} ms" in lines[0]
+    planned = json.load(open(path))["planned_layer_overhead_seconds"]
+    assert planned * 1e3 == pytest.approx(measured_ms, abs=5e-4) and planned != preset
+
+
+@pytest.mark.parametrize("args,measures", [
+    (["--hot-switch"], True),  # a preset holds another system's overheads
+    (["--hot-switch", "--no-recalibrate"], False),  # reproducible plans: nothing measured
+    (["--hot-switch", "--hardware", "profile.json"], False),  # a calibrated file is this system's
+    ([], False),  # one static layout
+    (["--micro-batch-overhead", "measure"], True),
+    (["--hot-switch", "--micro-batch-overhead", "profile"], False),
+])
+def test_when_the_overhead_is_measured(args, measures):
+    from hotswitch.cli import train as cli
+
+    assert cli.measure_overhead(cli.build_parser().parse_args(args)) is measures
