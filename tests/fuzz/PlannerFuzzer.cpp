@@ -49,7 +49,7 @@ ModelConfig model(FuzzInput& in) {
   m.ffnHiddenSize = 8 * in.range(1, 8);
   m.vocabSize = in.range(1, 512);
   m.paramBytes = in.flag() ? 2 : 4;
-  m.recompute = in.flag();
+  m.recompute = in.flag() ? Recompute::kFull : Recompute::kNone;
   if (in.chance(6)) m.numQueryGroups = static_cast<int>(in.range(0, 3));
   if (in.chance(4)) m.hiddenSize = in.range(-1, 7);
   if (in.chance(4)) m.paramBytes = in.range(0, 8);
