@@ -318,6 +318,17 @@ std::vector<bool> Planner::undominated(int64_t shortest, int64_t longest) const 
   const int n = static_cast<int>(models_.size());
   std::vector<bool> alive(n);
   for (int l = 0; l < n; ++l) alive[l] = models_[l].budget >= shortest;
+  // A variant is weighed only where no cheaper variant of its layout holds what it holds up
+  // to the step's longest piece: recomputation buys memory, so a step whose pieces the plain
+  // layout holds never pays for it. (Not exact: the larger micro-batches recomputation
+  // allows could save fixed costs, never close to an extra forward in the cost model's
+  // regimes.) Ties go to the mode listed first.
+  for (int v = 0; v < n; ++v) {
+    if (v == homeVariant_) continue;
+    for (int w = layoutOf(v) * modes(); w < (layoutOf(v) + 1) * modes() && alive[v]; ++w) {
+      if (w != v && cheaperVariant(w, v, longest)) alive[v] = false;
+    }
+  }
   if (!options_.pruneDominated) return alive;
   // One at a time, each against those still alive: dropping a layout some alive layout
   // dominates keeps the optimum of the remaining set, so by induction of the full set.
@@ -331,6 +342,23 @@ std::vector<bool> Planner::undominated(int64_t shortest, int64_t longest) const 
     }
   }
   return alive;
+}
+
+bool Planner::cheaperVariant(int w, int v, int64_t longest) const {
+  const CandidateModel& a = models_[w];
+  const CandidateModel& b = models_[v];
+  const LayoutTerms& ta = a.terms;
+  const LayoutTerms& tb = b.terms;
+  if (a.budget < std::min(b.budget, longest)) return false;
+  if (ta.alpha() > tb.alpha() || ta.beta > tb.beta || ta.gamma > tb.gamma ||
+      ta.microBatchSeconds > tb.microBatchSeconds || ta.p2pPerToken > tb.p2pPerToken) {
+    return false;
+  }
+  const bool equal = ta.alpha() == tb.alpha() && ta.beta == tb.beta && ta.gamma == tb.gamma &&
+                     ta.microBatchSeconds == tb.microBatchSeconds && ta.p2pPerToken == tb.p2pPerToken;
+  if (!equal) return true;
+  // Equal terms: the variant holding more stays, then the earlier.
+  return a.budget != b.budget ? a.budget > b.budget : w < v;
 }
 
 PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const std::vector<int64_t>& lengths) const {

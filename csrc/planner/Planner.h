@@ -64,10 +64,14 @@
 // Recomputation. Each candidate layout is weighed once per recompute mode the options allow
 // (`recompute`, Megatron-LM's granularities): a variant (layout, recompute) is a candidate of
 // the program like any other, with its own terms and micro-batch budget, and switching
-// between two variants of one layout costs nothing. Variants that only cost more (a layout
-// whose plain variant holds the step's longest piece) are dominated and dropped, so a bucket
-// of short sequences runs without recomputation and only a bucket the plain layouts cannot
-// hold, or hold only with more model-parallel ranks, pays for it. Every phase reports the
+// between two variants of one layout costs nothing. Each step weighs a variant only where
+// no cheaper variant of its layout (no dearer per token, sequence or micro-batch) holds the
+// pieces it holds up to the step's longest: a step the plain layout holds never weighs its
+// recomputing variants, so a bucket of short sequences runs without recomputation and only a
+// bucket the plain layouts cannot hold, or hold only with more model-parallel ranks, pays
+// for it. (This drops more than exact dominance would: a recomputing variant's larger
+// micro-batches can save fixed costs per micro-batch, in the cost model's regimes far less
+// than the forward it adds.) Every phase reports the
 // mode it runs with (PlannedPhase::recompute); candidate indices stay indices into the
 // candidate layouts.
 //
@@ -140,8 +144,8 @@ struct CandidateModel {
 struct ObjectiveValue {
   double totalSeconds = 0;
   double switchSeconds = 0;           // C
-  std::vector<double> phaseSeconds;   // per candidate: E + g, 0 when unused
-  std::vector<int> order;             // used candidates in run order
+  std::vector<double> phaseSeconds;   // per variant (see objective()): E + g, 0 when unused
+  std::vector<int> order;             // used variants in run order
 };
 
 class Planner {
@@ -196,6 +200,10 @@ class Planner {
   double cycle(std::vector<int>& layouts) const;
   std::vector<bool> undominated(int64_t shortest, int64_t longest) const;
   bool dominates(int better, int worse, int64_t shortest, int64_t longest) const;
+  // Whether variant w, of the same layout as v, costs no more per token, sequence and
+  // micro-batch and holds what v holds up to `longest` (equal terms: the one holding more,
+  // then the earlier).
+  bool cheaperVariant(int w, int v, int64_t longest) const;
   PlannedPhase makePhase(int candidate, std::vector<int> sequences, const std::vector<int64_t>& lengths) const;
 
   CostModel cost_;
