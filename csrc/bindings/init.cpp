@@ -515,19 +515,23 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<CostModel>(m, "CostModel")
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
-                       bool sequenceParallel) {
+                       bool sequenceParallel, bool flashAttention) {
              CostOptions o;
              o.zero = zero;
              o.sequenceParallel = sequenceParallel;
+             o.flashAttention = flashAttention;
              return CostModel(model, hw, topo, o);
            }),
            py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false,
-           py::arg("sequence_parallel") = true)
+           py::arg("sequence_parallel") = true, py::arg("flash_attention") = true,
+           "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
+           "and dropout mask stay for the backward pass unless recomputed).")
       .def_property_readonly("model", &CostModel::model)
       .def_property_readonly("hardware", &CostModel::hardware)
       .def_property_readonly("topology", &CostModel::topology)
       .def_property_readonly("zero", [](const CostModel& c) { return c.options().zero; })
       .def_property_readonly("sequence_parallel", [](const CostModel& c) { return c.options().sequenceParallel; })
+      .def_property_readonly("flash_attention", [](const CostModel& c) { return c.options().flashAttention; })
       .def("forward_flops", &CostModel::forwardFlops, py::arg("seq_len"))
       .def("training_flops", [](const CostModel& c, int64_t seqLen, std::optional<std::string> recompute) {
         return recompute ? c.trainingFlops(seqLen, parseRecompute(*recompute)) : c.trainingFlops(seqLen);
