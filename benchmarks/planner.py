@@ -54,6 +54,8 @@ SEQUENCES_PER_GPU = 16
 MILP_LAYOUTS = ["dp8", "dp4tp2", "dp2tp4", "tp8", "dp4pp2"]
 MILP_MEMORY_GIB = 48
 OPTIONS = dict(max_context=MAX_CONTEXT, long_sequences="truncate")
+# Every candidate weighed with and without activation recomputation (the plan CLI's default).
+RECOMPUTE_ALL = ("none", "selective", "full")
 
 
 def load_distributions(data_dir: str) -> dict:
@@ -71,11 +73,13 @@ def load_distributions(data_dir: str) -> dict:
 
 
 class Setups:
-    """Planners per (GPUs, home), their switch costs built once per world and home."""
+    """Planners per (GPUs, home), their switch costs built once per world and home; each
+    phase may run with the ``recompute`` modes."""
 
-    def __init__(self, hardware):
+    def __init__(self, hardware, recompute=("none",)):
         self.model = hs.ModelConfig.preset(MODEL)
         self.hardware = hardware
+        self.options = dict(OPTIONS, recompute=list(recompute))
         self.planners = {}
         self.caches = {}
 
@@ -86,7 +90,7 @@ class Setups:
         candidates = planning.auto_candidates(self.model, gpus)
         n = len(candidates)
         probe = hs.Planner(hs.CostModel(self.model, self.hardware, topology, zero=True), candidates, 0,
-                           [[0.0] * n for _ in range(n)], [0.0] * n, **OPTIONS)
+                           [[0.0] * n for _ in range(n)], [0.0] * n, **self.options)
         return probe.plan([min(s, MAX_CONTEXT) for s in batch] + [MAX_CONTEXT]).best_static_candidate
 
     def planner(self, gpus: int, home: int):
@@ -96,7 +100,7 @@ class Setups:
             candidates = planning.auto_candidates(self.model, gpus)
             t0 = time.perf_counter()
             self.planners[key] = planning.build_planner(self.model, self.hardware, topology, candidates, home,
-                                                        **OPTIONS)
+                                                        **self.options)
             print(f"  {gpus} GPUs: {len(candidates)} candidates, home {candidates[home].name}, switch costs in "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return self.planners[key]
@@ -194,10 +198,12 @@ def main(argv=None) -> int:
     ms32, per32 = plan_times(setups, dists, 32, 1024, timing_steps, args.seed)
     ms256, per256 = plan_times(setups, dists, 256, 4096, timing_steps, args.seed)
     out["plan_ms_p50_1024seq_32gpu"] = ms32
+    ms32r, _ = plan_times(Setups(hardware, RECOMPUTE_ALL), dists, 32, 1024, timing_steps, args.seed)
+    out["plan_ms_p50_1024seq_32gpu_recompute"] = ms32r
     out["plan_ms_p50_4096seq_256gpu"] = ms256
     out["plan_ms_p50_by_distribution"] = {"1024seq_32gpu": per32, "4096seq_256gpu": per256}
-    print(f"planning: 1024 sequences on 32 GPUs {ms32:.1f} ms, 4096 on 256 GPUs {ms256:.1f} ms (median of "
-          f"{timing_steps} steps per distribution)")
+    print(f"planning: 1024 sequences on 32 GPUs {ms32:.1f} ms ({ms32r:.1f} ms weighing recomputation), 4096 on "
+          f"256 GPUs {ms256:.1f} ms (median of {timing_steps} steps per distribution)")
 
     rows, longest, left_out = milp_gaps(dists, hardware, cases, time_limit, args.seed)
     proven = [r for r in rows if r["proven"]]

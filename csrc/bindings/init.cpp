@@ -32,6 +32,14 @@ Axis parseAxis(const std::string& name) {
   return Axis::kTp;
 }
 
+// A recompute mode from its name, or from a bool (True: full recomputation, False: none).
+Recompute recomputeArg(const py::object& value) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>() ? Recompute::kFull : Recompute::kNone;
+  HS_CHECK(py::isinstance<py::str>(value), "recompute must be 'none', 'selective', 'full' or a bool, got ",
+           static_cast<std::string>(py::repr(value)));
+  return parseRecompute(value.cast<std::string>());
+}
+
 py::dict statsDict(const PlanStats& s) {
   py::dict d;
   d["bytes_moved"] = s.bytesMoved;
@@ -298,7 +306,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ModelConfig>(m, "ModelConfig")
       .def(py::init([](int numLayers, int64_t hidden, int heads, int groups, int64_t ffn, int64_t vocab,
-                       int64_t paramBytes, bool recompute, const std::string& name, const std::string& family,
+                       int64_t paramBytes, py::object recompute, const std::string& name, const std::string& family,
                        py::object tied, int64_t maxPositions) {
              ModelConfig c;
              c.name = name;
@@ -310,7 +318,7 @@ PYBIND11_MODULE(_C, m) {
              c.ffnHiddenSize = ffn;
              c.vocabSize = vocab;
              c.paramBytes = paramBytes;
-             c.recompute = recompute;
+             c.recompute = recomputeArg(recompute);
              c.tiedEmbeddings = tied.is_none() ? c.family == ModelFamily::kGpt : tied.cast<bool>();
              c.maxPositions = maxPositions;
              c.validate();
@@ -318,10 +326,12 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("num_layers"), py::arg("hidden_size"), py::arg("num_attention_heads"),
            py::arg("num_query_groups"), py::arg("ffn_hidden_size"), py::arg("vocab_size"),
-           py::arg("param_bytes") = 2, py::arg("recompute") = false, py::arg("name") = "custom",
+           py::arg("param_bytes") = 2, py::arg("recompute") = "none", py::arg("name") = "custom",
            py::arg("family") = "llama", py::arg("tied_embeddings") = py::none(), py::arg("max_positions") = 0,
            "family: 'llama' (RMSNorm, rotary, SwiGLU MLP, no biases) or 'gpt' (LayerNorm, learned positions, "
-           "GeLU MLP of two matrices, biases); tied_embeddings defaults to the family's (gpt: tied).")
+           "GeLU MLP of two matrices, biases); tied_embeddings defaults to the family's (gpt: tied); recompute: "
+           "'none', 'selective' or 'full' (True: 'full', False: 'none'), what the cost model assumes when a call "
+           "names none.")
       .def_static("preset", &ModelConfig::preset, py::arg("name"))
       .def_static("preset_names", &ModelConfig::presetNames)
       .def_readonly("name", &ModelConfig::name)
@@ -333,7 +343,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("ffn_hidden_size", &ModelConfig::ffnHiddenSize)
       .def_readonly("vocab_size", &ModelConfig::vocabSize)
       .def_readonly("param_bytes", &ModelConfig::paramBytes)
-      .def_readonly("recompute", &ModelConfig::recompute)
+      .def_property_readonly("recompute", [](const ModelConfig& c) { return std::string(recomputeName(c.recompute)); })
       .def_readonly("tied_embeddings", &ModelConfig::tiedEmbeddings)
       .def_readonly("max_positions", &ModelConfig::maxPositions)
       .def_property_readonly("head_dim", &ModelConfig::headDim)
@@ -476,6 +486,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("p2p_per_token", &LayoutTerms::p2pPerToken)
       .def_readonly("p2p_latency", &LayoutTerms::p2pLatency)
       .def_readonly("dp_seconds", &LayoutTerms::dpSeconds)
+      .def_property_readonly("recompute", [](const LayoutTerms& t) { return std::string(recomputeName(t.recompute)); })
       .def_property_readonly("alpha", &LayoutTerms::alpha)
       .def("u", &LayoutTerms::u, py::arg("tokens"), "Critical-path seconds of one sequence on a stage.")
       .def("v", &LayoutTerms::v, py::arg("tokens"), "u plus its two stage-boundary transfers.")
@@ -504,36 +515,48 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<CostModel>(m, "CostModel")
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
-                       bool sequenceParallel) {
+                       bool sequenceParallel, bool flashAttention) {
              CostOptions o;
              o.zero = zero;
              o.sequenceParallel = sequenceParallel;
+             o.flashAttention = flashAttention;
              return CostModel(model, hw, topo, o);
            }),
            py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false,
-           py::arg("sequence_parallel") = true)
+           py::arg("sequence_parallel") = true, py::arg("flash_attention") = true,
+           "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
+           "and dropout mask stay for the backward pass unless recomputed).")
       .def_property_readonly("model", &CostModel::model)
       .def_property_readonly("hardware", &CostModel::hardware)
       .def_property_readonly("topology", &CostModel::topology)
       .def_property_readonly("zero", [](const CostModel& c) { return c.options().zero; })
       .def_property_readonly("sequence_parallel", [](const CostModel& c) { return c.options().sequenceParallel; })
+      .def_property_readonly("flash_attention", [](const CostModel& c) { return c.options().flashAttention; })
       .def("forward_flops", &CostModel::forwardFlops, py::arg("seq_len"))
-      .def("training_flops", &CostModel::trainingFlops, py::arg("seq_len"))
+      .def("training_flops", [](const CostModel& c, int64_t seqLen, std::optional<std::string> recompute) {
+        return recompute ? c.trainingFlops(seqLen, parseRecompute(*recompute)) : c.trainingFlops(seqLen);
+      }, py::arg("seq_len"), py::arg("recompute") = py::none())
       .def("static_bytes", &CostModel::staticBytes, py::arg("layout"))
       .def("gradient_bytes", &CostModel::gradientBytes, py::arg("layout"))
       .def("collective_seconds", [](const CostModel& c, const Layout& layout, const std::string& axis, double bytes,
                                     bool allReduce) {
         return c.collectiveSeconds(layout, parseAxis(axis), bytes, allReduce);
       }, py::arg("layout"), py::arg("axis"), py::arg("bytes"), py::arg("all_reduce") = false)
-      .def("terms", &CostModel::terms, py::arg("layout"),
-           "The layout's time coefficients (LayoutTerms, seconds).")
+      .def("terms", [](const CostModel& c, const Layout& layout, std::optional<std::string> recompute) {
+        return recompute ? c.terms(layout, parseRecompute(*recompute)) : c.terms(layout);
+      }, py::arg("layout"), py::arg("recompute") = py::none(),
+           "The layout's time coefficients (LayoutTerms, seconds), with recompute 'none', 'selective' or 'full' "
+           "(default: the model's).")
       .def("step_seconds", &CostModel::stepSeconds, py::arg("layout"),
            "Seconds a step spends after its last phase with this home layout: the parameters' all-gather under "
            "ZeRO, the optimizer's update and the fixed step overhead.")
-      .def("phase", py::overload_cast<const Layout&, const PhaseBatches&>(&CostModel::phase, py::const_),
-           py::arg("layout"), py::arg("batches"),
+      .def("phase", [](const CostModel& c, const Layout& layout, const PhaseBatches& batches,
+                       std::optional<std::string> recompute) {
+        return recompute ? c.phase(layout, parseRecompute(*recompute), batches) : c.phase(layout, batches);
+      }, py::arg("layout"), py::arg("batches"), py::arg("recompute") = py::none(),
            "Predicted time (seconds) and peak memory (bytes) per rank of one phase (PhaseCost); batches[replica]"
-           "[k] lists the sequence lengths of micro-batch k of that data-parallel replica.");
+           "[k] lists the sequence lengths of micro-batch k of that data-parallel replica; recompute 'none', "
+           "'selective' or 'full' (default: the model's).");
 
   py::class_<SwitchEstimate>(m, "SwitchEstimate")
       .def_static("of", [](const TensorSet& set, const Placement& from, const Placement& to, const Topology& topology) {
@@ -575,12 +598,15 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("grad_seconds", &PlannedPhase::gradSeconds)
       .def_property_readonly("grad_method", [](const PlannedPhase& ph) { return gradMethodName(ph.gradMethod); },
                              "\"local\", \"reduce\" or \"partial\"")
+      .def_property_readonly("recompute", [](const PlannedPhase& ph) { return std::string(recomputeName(ph.recompute)); },
+                             "\"none\", \"selective\" or \"full\": the activation recomputation the phase runs with")
       .def("__repr__", [](const PlannedPhase& ph) {
         size_t microBatches = 0;
         for (const auto& replica : ph.packing.microBatches) microBatches += replica.size();
         return str("PlannedPhase(", ph.layout.name(), ", candidate ", ph.candidate, ": ", ph.sequences.size(),
                    " pieces in ", microBatches, " micro-batches, run ", ph.cost.runSeconds(), " s, switch in ",
-                   ph.switchInSeconds, " s, grads ", ph.gradSeconds, " s ", gradMethodName(ph.gradMethod), ")");
+                   ph.switchInSeconds, " s, grads ", ph.gradSeconds, " s ", gradMethodName(ph.gradMethod),
+                   ", recompute ", recomputeName(ph.recompute), ")");
       });
 
   py::class_<StepPlan>(m, "StepPlan", "The ordered phases of one step, with predicted seconds.")
@@ -593,6 +619,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("candidates_used", &StepPlan::candidatesUsed)
       .def_readonly("single_phase_fallback", &StepPlan::singlePhaseFallback)
       .def_readonly("best_static_candidate", &StepPlan::bestStaticCandidate)
+      .def_property_readonly("best_static_recompute", [](const StepPlan& p) {
+        return std::string(recomputeName(p.bestStaticRecompute));
+      })
       .def_readonly("best_static_seconds", &StepPlan::bestStaticSeconds)
       .def_readonly("best_static_objective_seconds", &StepPlan::bestStaticObjectiveSeconds)
       .def("__repr__", [](const StepPlan& plan) {
@@ -616,6 +645,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("grad_method", [](const CandidateModel& c) { return gradMethodName(c.gradMethod); },
                              "\"local\", \"reduce\" or \"partial\"")
       .def_readonly("reduce_seconds", &CandidateModel::reduceSeconds)
+      .def_property_readonly("recompute", [](const CandidateModel& c) { return std::string(recomputeName(c.recompute)); })
       .def("__repr__", [](const CandidateModel& c) {
         return str("CandidateModel(", c.layout.name(), ": budget ", c.budget, " tokens, target ", c.target,
                    " s, grads ", c.gradSeconds, " s ", gradMethodName(c.gradMethod), ")");
@@ -624,8 +654,9 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ObjectiveValue>(m, "ObjectiveValue", "The planner's objective J of one assignment, with its parts.")
       .def_readonly("total_seconds", &ObjectiveValue::totalSeconds)
       .def_readonly("switch_seconds", &ObjectiveValue::switchSeconds)
-      .def_readonly("phase_seconds", &ObjectiveValue::phaseSeconds, "Per candidate: E + g, 0 when unused.")
-      .def_readonly("order", &ObjectiveValue::order, "Used candidates in run order.")
+      .def_readonly("phase_seconds", &ObjectiveValue::phaseSeconds,
+                    "Per variant (candidate * len(planner.recompute) + the mode's position): E + g, 0 when unused.")
+      .def_readonly("order", &ObjectiveValue::order, "Used variants in run order.")
       .def("__repr__", [](const ObjectiveValue& v) {
         return str("ObjectiveValue(total ", v.totalSeconds, " s, switches ", v.switchSeconds, " s)");
       });
@@ -635,8 +666,11 @@ PYBIND11_MODULE(_C, m) {
                        std::vector<std::vector<double>> switchSeconds, std::vector<double> gradSeconds,
                        std::optional<std::vector<double>> gradPartialSeconds, int boundaryCandidates,
                        int64_t maxContext, const std::string& longSequences, bool pruneDominated,
-                       double microBatchOverheadShare, bool exactFallback, int64_t maxTokensPerMicroBatch) {
+                       double microBatchOverheadShare, bool exactFallback, int64_t maxTokensPerMicroBatch,
+                       const std::vector<std::string>& recompute) {
              PlannerOptions o;
+             o.recompute.clear();
+             for (const std::string& mode : recompute) o.recompute.push_back(parseRecompute(mode));
              o.maxTokensPerMicroBatch = maxTokensPerMicroBatch;
              o.boundaryCandidates = boundaryCandidates;
              o.maxContext = maxContext;
@@ -653,26 +687,41 @@ PYBIND11_MODULE(_C, m) {
            py::arg("grad_seconds"), py::arg("grad_partial_seconds") = py::none(),
            py::arg("boundary_candidates") = 128, py::arg("max_context") = 0, py::arg("long_sequences") = "reject",
            py::arg("prune_dominated") = true, py::arg("micro_batch_overhead_share") = 0.1,
-           py::arg("exact_fallback") = true, py::arg("max_tokens_per_micro_batch") = 0)
+           py::arg("exact_fallback") = true, py::arg("max_tokens_per_micro_batch") = 0,
+           py::arg("recompute") = std::vector<std::string>{"none"},
+           "recompute: the modes ('none', 'selective', 'full') the planner may give each phase, every candidate "
+           "weighed with each; the first is what candidate_model and objective assume by default.")
       .def_property_readonly("candidates", &Planner::candidates)
       .def_property_readonly("home", &Planner::home)
       .def_property_readonly("cost", &Planner::costModel)
       .def_property_readonly("switch_seconds", [](const Planner& p) { return p.switchCosts().params; })
       .def_property_readonly("max_context", [](const Planner& p) { return p.options().maxContext; })
+      .def_property_readonly("recompute", [](const Planner& p) {
+        std::vector<std::string> out;
+        for (Recompute r : p.options().recompute) out.push_back(recomputeName(r));
+        return out;
+      })
       .def_property_readonly("long_sequences", [](const Planner& p) {
         return std::string(longSequencesName(p.options().longSequences));
       })
       .def("micro_batch_budget", &Planner::microBatchBudget, py::arg("candidate"))
-      .def("candidate_model", [](const Planner& p, int i) {
+      .def("candidate_model", [](const Planner& p, int i, std::optional<std::string> recompute) {
         HS_CHECK(i >= 0 && i < static_cast<int>(p.candidates().size()), "candidate ", i, " outside [0, ",
                  p.candidates().size(), ")");
-        return p.candidateModel(i);
-      }, py::arg("candidate"), "The objective's view of one candidate (a CandidateModel).")
+        return recompute ? p.candidateModel(i, parseRecompute(*recompute)) : p.candidateModel(i);
+      }, py::arg("candidate"), py::arg("recompute") = py::none(),
+           "The objective's view of one candidate (a CandidateModel), under the planner's first recompute mode "
+           "or the one named.")
       .def("pieces", &Planner::pieces, py::arg("lengths"),
            "The pieces (SequencePiece) the plan cuts the lengths into.")
-      .def("objective", &Planner::objective, py::arg("piece_lengths"), py::arg("assignment"),
+      .def("objective", [](const Planner& p, const std::vector<int64_t>& lengths, const std::vector<int>& assignment,
+                           const std::vector<std::string>& recompute) {
+        std::vector<Recompute> modes;
+        for (const std::string& mode : recompute) modes.push_back(parseRecompute(mode));
+        return p.objective(lengths, assignment, modes);
+      }, py::arg("piece_lengths"), py::arg("assignment"), py::arg("recompute") = std::vector<std::string>{},
            "The planner's objective J (an ObjectiveValue, seconds) of an arbitrary assignment of pieces to "
-           "candidates.")
+           "candidates, each piece under the recompute mode listed for it (empty: the planner's first).")
       .def("plan", &Planner::plan, py::arg("lengths"), py::call_guard<py::gil_scoped_release>(),
            "Plans one step: a StepPlan. Indices refer to the plan's pieces.");
 }

@@ -121,15 +121,18 @@ double CostModel::forwardFlops(int64_t s) const {
   return model_.numLayers * perLayer + 2.0 * model_.vocabSize * h * s;
 }
 
-double CostModel::trainingFlops(int64_t s) const {
+double CostModel::trainingFlops(int64_t s) const { return trainingFlops(s, model_.recompute); }
+
+double CostModel::trainingFlops(int64_t s, Recompute recompute) const {
   const double h = static_cast<double>(model_.hiddenSize);
   const double head = 2.0 * model_.vocabSize * h * s;
   const double attention = model_.numLayers * 2.0 * static_cast<double>(s) * s * h;
   const double products = forwardFlops(s) - head - attention;
-  // Recomputation reruns the layers' forward, not the head's; flash attention's backward
-  // costs 2.5 forwards.
-  const double factor = model_.recompute ? 4.0 : 3.0;
-  return products * factor + attention * (factor + 0.5) + 3.0 * head;
+  // Full recomputation reruns the layers' forward, not the head's; selective only the
+  // attention core's; flash attention's backward costs 2.5 forwards.
+  const double factor = recompute == Recompute::kFull ? 4.0 : 3.0;
+  const double attentionFactor = recompute == Recompute::kNone ? 3.5 : 4.5;
+  return products * factor + attention * attentionFactor + 3.0 * head;
 }
 
 double CostModel::rankParams(const Layout& layout) const {
@@ -151,9 +154,19 @@ int64_t CostModel::staticBytes(const Layout& layout) const {
 }
 
 int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout) const {
+  return activationBytesPerTokenLayer(layout, model_.recompute);
+}
+
+int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout, Recompute recompute) const {
   const int64_t scale = model_.paramBytes;  // the 34 h counts bytes at 16 bits: 2 per element
-  const int64_t perToken = (model_.recompute ? 2 : 34) * model_.hiddenSize * scale / 2;
+  const int64_t perToken = (recompute == Recompute::kFull ? 2 : 34) * model_.hiddenSize * scale / 2;
   return (perToken + layout.tp() - 1) / layout.tp();
+}
+
+double CostModel::attentionBytesPerSquareLayer(const Layout& layout, Recompute recompute) const {
+  if (options_.flashAttention || recompute != Recompute::kNone) return 0;
+  // Scores and softmax (2 bytes each at 16 bits) and the dropout mask (1), per head.
+  return 5.0 * model_.numAttentionHeads * static_cast<double>(model_.paramBytes) / 2.0 / layout.tp();
 }
 
 double CostModel::gradientBytes(const Layout& layout) const {
@@ -195,7 +208,9 @@ double CostModel::collectiveSeconds(const Layout& layout, Axis axis, double byte
   return steps * (bytes / n / bw + lat);
 }
 
-LayoutTerms CostModel::terms(const Layout& layout) const {
+LayoutTerms CostModel::terms(const Layout& layout) const { return terms(layout, model_.recompute); }
+
+LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   layout.validate(topology_.world());
   model_.validate(layout);
   HS_CHECK(layout.cp() == 1, "layout ", layout.name(), " has cp(", layout.cp(),
@@ -211,7 +226,8 @@ LayoutTerms CostModel::terms(const Layout& layout) const {
   const double g = static_cast<double>(options_.gradBytes);
   const bool gpt = model_.family == ModelFamily::kGpt;
   const bool sp = options_.sequenceParallel && tp > 1;
-  const double products = model_.recompute ? 4.0 : 3.0;
+  const bool full = recompute == Recompute::kFull;
+  const double products = full ? 4.0 : 3.0;
   const double flops = hardware_.achievedFlops();
   const double memory = hardware_.achievedMemoryBandwidth();
   auto memorySeconds = [memory](double bytes) { return memory > 0 ? bytes / memory : 0.0; };
@@ -226,15 +242,16 @@ LayoutTerms CostModel::terms(const Layout& layout) const {
   // 2. Attention, per token^2, and its per-token part from the efficiency curve.
   const int64_t d = model_.headDim();
   const double pad = static_cast<double>((d + kHeadDimStep - 1) / kHeadDimStep * kHeadDimStep) / d;
-  const double attention = (model_.recompute ? kAttentionRecomputeFlops : kAttentionFlops) * (h / t) * pad /
+  const double attention = (recompute == Recompute::kNone ? kAttentionFlops : kAttentionRecomputeFlops) * (h / t) * pad /
                            hardware_.achievedAttentionFlops();
   // 3. Elementwise kernels.
   const double bytes = gpt ? kGptNormRegionBytes * h / (sp ? t : 1.0) + kGptActivationBytes * f / t
                            : kLlamaNormRegionBytes * h / (sp ? t : 1.0) + kLlamaActivationBytes * f / t +
                                  kLlamaRotaryBytes * (h + kv) / t;
-  const double elementwise = memorySeconds(bytes * b / 2.0) * (model_.recompute ? 4.0 / 3.0 : 1.0);
+  const double elementwise = memorySeconds(bytes * b / 2.0) * (full ? 4.0 / 3.0 : 1.0);
 
   LayoutTerms out;
+  out.recompute = recompute;
   out.beta = layers * attention;
   out.gamma = layers * hardware_.sequenceOverheadSeconds;
   out.alphaCompute = layers * (productToken + attention * hardware_.attentionHalfLength + elementwise);
@@ -253,7 +270,7 @@ LayoutTerms CostModel::terms(const Layout& layout) const {
                                        groupRanksPerNode(layout, Axis::kTp) * hardware_.interNodeBandwidth)
                             : hardware_.intraNodeBandwidth;
     const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
-    const double collectives = model_.recompute ? 12 : 8;  // per layer per micro-batch
+    const double collectives = full ? 12 : 8;  // per layer per micro-batch
     out.alphaTp = layers * collectives * (t - 1) / t * h * b / bw;
     out.microBatchTpSeconds = layers * collectives * (t - 1) * lat;
     // The head's input gathered and its gradient scattered; three all-reduces of one fp32
@@ -283,6 +300,10 @@ PhaseCost CostModel::phase(const Layout& layout, const PhaseBatches& batches) co
   return phase(layout, terms(layout), batches);
 }
 
+PhaseCost CostModel::phase(const Layout& layout, Recompute recompute, const PhaseBatches& batches) const {
+  return phase(layout, terms(layout, recompute), batches);
+}
+
 PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const PhaseBatches& batches) const {
   HS_CHECK(static_cast<int>(batches.size()) == layout.dp(), "phase under ", layout.name(), " got ",
            batches.size(), " replicas of micro-batches, expected dp(", layout.dp(), ")");
@@ -292,12 +313,16 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
     }
   }
   const int pp = layout.pp(), tp = layout.tp();
-  const int64_t perTokenLayer = activationBytesPerTokenLayer(layout);
+  const int64_t perTokenLayer = activationBytesPerTokenLayer(layout, t.recompute);
+  // Without flash attention the attention core's per-token^2 bytes: of the micro-batches in
+  // flight, or of the one layer a full recomputation rebuilds.
+  const double perSquareLayer = attentionBytesPerSquareLayer(layout, Recompute::kNone);
+  const double keptPerSquareLayer = attentionBytesPerSquareLayer(layout, t.recompute);
 
   PhaseCost cost;
   int64_t worstActivations = 0;
   double worstReplica = -1;
-  std::vector<int64_t> tokens;
+  std::vector<std::pair<int64_t, double>> tokens;  // per micro-batch: tokens, sum of squares
   std::vector<double> last, transfer;
   std::vector<std::vector<double>> forward(pp), backward(pp);
   for (const auto& replica : batches) {
@@ -314,7 +339,7 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
         n += static_cast<double>(s);
         squares += static_cast<double>(s) * static_cast<double>(s);
       }
-      tokens.push_back(static_cast<int64_t>(n));
+      tokens.push_back({static_cast<int64_t>(n), squares});
       const double count = static_cast<double>(replica[k].size());
       last[k] = t.alpha() * n + t.beta * squares + t.gamma * count + t.microBatchSeconds;
       const double middle = last[k] - t.lastStageAlpha * n - t.lastStageMicroBatchSeconds;
@@ -337,13 +362,22 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
     // Activation peak: the first stage keeps up to pp micro-batches in flight.
     std::sort(tokens.rbegin(), tokens.rend());
     int64_t inFlight = 0;
-    for (size_t k = 0; k < tokens.size() && k < static_cast<size_t>(pp); ++k) inFlight += tokens[k];
-    int64_t layers = model_.numLayers / pp;
-    int64_t acts = inFlight * perTokenLayer * layers;
-    if (model_.recompute && !tokens.empty()) {
-      acts += tokens.front() * (34 * model_.hiddenSize * model_.paramBytes / 2 / tp);  // one layer rebuilt
+    double inFlightSquares = 0;
+    for (size_t k = 0; k < tokens.size() && k < static_cast<size_t>(pp); ++k) {
+      inFlight += tokens[k].first;
+      inFlightSquares += tokens[k].second;
     }
-    if (!tokens.empty()) acts += tokens.front() * ((model_.vocabSize + tp - 1) / tp) * 4 * 2;  // logits
+    int64_t layers = model_.numLayers / pp;
+    int64_t acts = inFlight * perTokenLayer * layers +
+                   static_cast<int64_t>(std::ceil(inFlightSquares * keptPerSquareLayer * static_cast<double>(layers)));
+    if (!tokens.empty()) {
+      const auto& [largest, largestSquares] = tokens.front();
+      if (t.recompute == Recompute::kFull) {  // one layer rebuilt
+        acts += largest * (34 * model_.hiddenSize * model_.paramBytes / 2 / tp) +
+                static_cast<int64_t>(std::ceil(largestSquares * perSquareLayer));
+      }
+      acts += largest * ((model_.vocabSize + tp - 1) / tp) * 4 * 2;  // logits
+    }
     worstActivations = std::max(worstActivations, acts);
   }
   cost.dpSeconds = t.dpSeconds;

@@ -10,7 +10,15 @@
 // main gradients: 4); a micro-batch of n tokens in sequences s_1..s_c. P = peak FLOP/s,
 // e = efficiency, e_a = attention efficiency, s_half = attention half length,
 // M = memory bandwidth * memory efficiency (0: memory traffic not modelled, its terms drop),
-// r = 3 products per matrix (forward, data gradient, weight gradient), 4 with recomputation.
+// r = 3 products per matrix (forward, data gradient, weight gradient), 4 with full
+// recomputation.
+//
+// Recomputation (Recompute, as Megatron-LM's --recompute-granularity) is a property of each
+// call: terms(layout, recompute) and phase(layout, recompute, batches) price the layout with
+// it, so the planner can weigh the same layout with and without it; terms(layout) takes the
+// model's own setting. Full reruns each layer's forward in the backward pass: products,
+// elementwise kernels and tensor-parallel collectives 4/3 as much, attention 9 instead of 7;
+// selective reruns only the attention core: attention 9, the rest as without.
 //
 // Time of one micro-batch on one rank of a stage, forward and backward:
 //
@@ -26,7 +34,8 @@
 //    e. Per token r (2 K N / (P e) + b (K + N) / M); per micro-batch (r b + 2 g) K N / M.
 // 2. Attention (flash attention, causal). Per sequence of s tokens: forward 2 s^2 h / t FLOPs
 //    (QK^T and AV, 2 s^2 d per head each, halved by the mask), backward 2.5x forward
-//    (it recomputes the scores): 7 s^2 h / t, 9 with recomputation. Head dims pad to a
+//    (it recomputes the scores): 7 s^2 h / t, 9 with recomputation (either granularity
+//    reruns the attention core's forward). Head dims pad to a
 //    multiple of 32 (the kernels' instantiations): x ceil(d / 32) * 32 / d. Efficiency grows
 //    with the sequence's length, e_a * s / (s + s_half):
 //      T_att = 7 (h/t) pad (s^2 + s_half s) / (P e_a)
@@ -86,8 +95,12 @@
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided
 // over the data group under ZeRO), activations of the micro-batches in flight (1F1B keeps up
 // to pp on the first stage; 34 * hidden / tp bytes per token per layer at 16 bits with
-// sequence parallelism and flash attention, or 2 * hidden / tp with recomputation plus one
-// layer's working set), and fp32 logits and their gradient for the largest micro-batch.
+// sequence parallelism and flash attention, or 2 * hidden / tp with full recomputation plus
+// one layer's working set), and fp32 logits and their gradient for the largest micro-batch.
+// Without flash attention (CostOptions::flashAttention false) the attention core also keeps
+// its scores, softmax and dropout: 5 * heads / tp bytes per token^2 of each sequence per
+// layer at 16 bits (Korthikanti et al., "Reducing Activation Recomputation in Large
+// Transformer Models"), which either granularity of recomputation drops.
 
 #include <cstdint>
 #include <vector>
@@ -104,6 +117,7 @@ struct CostOptions {
   int64_t gradBytes = 4;               // bytes per gradient element (fp32 main grads)
   int64_t optimizerBytesPerParam = 12;  // fp32 master weight + Adam's two moments
   bool sequenceParallel = true;        // Megatron sequence parallelism when tp > 1
+  bool flashAttention = true;          // the attention core keeps no per-token^2 activations
 };
 
 // The coefficients of one layout's time model (see above); seconds.
@@ -119,6 +133,7 @@ struct LayoutTerms {
   double p2pPerToken = 0;        // one stage-boundary transfer, per token (pp > 1)
   double p2pLatency = 0;         // one stage-boundary transfer, fixed (pp > 1)
   double dpSeconds = 0;          // gradient reduction over the data group
+  Recompute recompute = Recompute::kNone;  // what the terms (and the phase's memory) assume
 
   double alpha() const { return alphaCompute + alphaTp; }
   // Critical-path seconds of one sequence on the last stage.
@@ -170,14 +185,20 @@ class CostModel {
 
   // Forward FLOPs of one sequence through all layers and the head (products and attention).
   double forwardFlops(int64_t seqLen) const;
-  // Training FLOPs: products 3x forward (4x with recomputation, the head 3x), attention 3.5x
-  // (4.5x with recomputation).
+  // Training FLOPs: products 3x forward (4x with full recomputation, the head 3x), attention
+  // 3.5x (4.5x with either recomputation). The first form takes the model's recompute.
   double trainingFlops(int64_t seqLen) const;
+  double trainingFlops(int64_t seqLen, Recompute recompute) const;
 
   // Bytes of parameters, gradients and optimizer state on the fullest rank of the layout.
   int64_t staticBytes(const Layout& layout) const;
-  // Activation bytes one token keeps per layer on a rank of the layout.
+  // Activation bytes one token keeps per layer on a rank of the layout (the first form: with
+  // the model's recompute).
   int64_t activationBytesPerTokenLayer(const Layout& layout) const;
+  int64_t activationBytesPerTokenLayer(const Layout& layout, Recompute recompute) const;
+  // Activation bytes per token^2 of one sequence per layer: the attention core's scores
+  // without flash attention and recomputation, 0 otherwise.
+  double attentionBytesPerSquareLayer(const Layout& layout, Recompute recompute) const;
   // Parameters on the fullest rank: its stage's layers and, on an end stage, the embedding
   // or head, over tp.
   double rankParams(const Layout& layout) const;
@@ -191,14 +212,17 @@ class CostModel {
   // The most ranks one group along `axis` has on one node.
   int groupRanksPerNode(const Layout& layout, Axis axis) const;
 
-  // The time coefficients of the layout. Throws InvalidArgument when the layout does not fit
-  // the model or world.
+  // The time coefficients of the layout, with the model's recompute or the one given. Throws
+  // InvalidArgument when the layout does not fit the model or world.
   LayoutTerms terms(const Layout& layout) const;
+  LayoutTerms terms(const Layout& layout, Recompute recompute) const;
 
   // Throws InvalidArgument when the layout does not fit the model or world, when the batch
   // does not have one entry per data-parallel replica, or a length is < 1.
   PhaseCost phase(const Layout& layout, const PhaseBatches& batches) const;
-  // The same with the layout's terms already at hand (no validation of the layout).
+  PhaseCost phase(const Layout& layout, Recompute recompute, const PhaseBatches& batches) const;
+  // The same with the layout's terms already at hand (no validation of the layout); the
+  // terms' recompute decides the memory.
   PhaseCost phase(const Layout& layout, const LayoutTerms& terms, const PhaseBatches& batches) const;
 
   // Seconds a training step spends after its last phase's gradient reduction when the

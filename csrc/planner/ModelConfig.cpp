@@ -37,6 +37,23 @@ const char* modelFamilyName(ModelFamily family) {
   return "?";
 }
 
+Recompute parseRecompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  HS_CHECK(false, "recompute '", name, "' is not one of none, selective, full");
+  return Recompute::kNone;
+}
+
+const char* recomputeName(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
 ModelConfig ModelConfig::preset(const std::string& name) {
   for (const Preset& p : kPresets) {
     if (name == p.name) {

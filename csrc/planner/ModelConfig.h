@@ -23,6 +23,14 @@ enum class ModelFamily { kLlama = 0, kGpt };
 ModelFamily parseModelFamily(const std::string& name);
 const char* modelFamilyName(ModelFamily family);
 
+// Activation recomputation, as Megatron-LM's --recompute-granularity names it: kSelective
+// reruns each layer's attention core (softmax(QK^T)V) in the backward pass instead of keeping
+// its activations; kFull keeps only each layer's input and reruns the whole layer's forward.
+enum class Recompute { kNone = 0, kSelective, kFull };
+// "none", "selective", "full"; InvalidArgument naming the value otherwise.
+Recompute parseRecompute(const std::string& name);
+const char* recomputeName(Recompute recompute);
+
 struct ModelConfig {
   std::string name;
   ModelFamily family = ModelFamily::kLlama;
@@ -33,7 +41,7 @@ struct ModelConfig {
   int64_t ffnHiddenSize = 11008;
   int64_t vocabSize = 32000;
   int64_t paramBytes = 2;      // bytes of one parameter or activation element (bf16: 2)
-  bool recompute = false;      // full activation recomputation
+  Recompute recompute = Recompute::kNone;  // what CostModel::terms(layout) assumes
   bool tiedEmbeddings = false;  // the head reuses the embedding matrix
   int64_t maxPositions = 0;     // rows of a learned position table (gpt); 0: none (rotary)
 

@@ -108,12 +108,27 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
            options_.maxTokensPerMicroBatch);
   HS_CHECK(options_.microBatchOverheadShare > 0 && options_.microBatchOverheadShare <= 1,
            "micro_batch_overhead_share must be in (0, 1], got ", options_.microBatchOverheadShare);
+  HS_CHECK(!options_.recompute.empty(), "recompute must list at least one mode of none, selective, full");
+  for (size_t a = 0; a < options_.recompute.size(); ++a) {
+    for (size_t b = 0; b < a; ++b) {
+      HS_CHECK(options_.recompute[a] != options_.recompute[b], "recompute lists '",
+               recomputeName(options_.recompute[a]), "' twice");
+    }
+  }
 
-  for (int i = 0; i < n; ++i) {
+  const int variants = n * modes();
+  homeVariant_ = home_ * modes();
+  switchVariants_.assign(variants, std::vector<double>(variants, 0.0));
+  for (int v = 0; v < variants; ++v) {
+    for (int w = 0; w < variants; ++w) switchVariants_[v][w] = switches_.params[layoutOf(v)][layoutOf(w)];
+  }
+  for (int v = 0; v < variants; ++v) {
+    const int i = layoutOf(v);
     const Layout& l = candidates_[i];
     CandidateModel m;
     m.layout = l;
-    m.terms = cost_.terms(l);  // validates the layout against the model and world
+    m.recompute = options_.recompute[v % modes()];
+    m.terms = cost_.terms(l, m.recompute);  // validates the layout against the model and world
     m.dp = l.dp();
     m.pp = l.pp();
     m.budget = computeBudget(l, m.terms);
@@ -136,6 +151,29 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
     }
     models_.push_back(m);
   }
+}
+
+int Planner::variant(int candidate, Recompute recompute) const {
+  const int n = static_cast<int>(candidates_.size());
+  HS_CHECK(candidate >= 0 && candidate < n, "candidate ", candidate, " outside [0, ", n, ")");
+  for (int r = 0; r < modes(); ++r) {
+    if (options_.recompute[r] == recompute) return candidate * modes() + r;
+  }
+  HS_CHECK(false, "recompute '", recomputeName(recompute), "' is not among the planner's recompute modes");
+  return 0;
+}
+
+const CandidateModel& Planner::candidateModel(int i) const { return models_[variant(i, options_.recompute[0])]; }
+
+const CandidateModel& Planner::candidateModel(int i, Recompute recompute) const {
+  return models_[variant(i, recompute)];
+}
+
+int64_t Planner::microBatchBudget(int i) const {
+  const int first = variant(i, options_.recompute[0]);
+  int64_t most = 0;
+  for (int r = 0; r < modes(); ++r) most = std::max(most, models_[first + r].budget);
+  return most;
 }
 
 int64_t Planner::computeBudget(const Layout& layout, const LayoutTerms& terms) const {
@@ -187,7 +225,8 @@ std::vector<SequencePiece> Planner::pieces(const std::vector<int64_t>& lengths) 
 }
 
 double Planner::cycle(std::vector<int>& layouts) const {
-  const auto& sw = switches_.params;
+  const auto& sw = switchVariants_;
+  const int home_ = homeVariant_;
   const int m = static_cast<int>(layouts.size());
   if (m == 0) return 0;
   if (m > kMaxOrderedLayouts) {
@@ -237,13 +276,13 @@ double Planner::cycle(std::vector<int>& layouts) const {
 }
 
 bool Planner::dominates(int better, int worse, int64_t shortest, int64_t longest) const {
-  if (worse == home_ || better == worse) return false;
+  if (worse == homeVariant_ || better == worse) return false;
   const CandidateModel& a = models_[better];
   const CandidateModel& b = models_[worse];
   if (a.budget < std::min(b.budget, longest)) return false;
   if (a.gradSeconds > b.gradSeconds) return false;
-  const auto& sw = switches_.params;
-  for (int p = 0; p < static_cast<int>(candidates_.size()); ++p) {
+  const auto& sw = switchVariants_;
+  for (int p = 0; p < static_cast<int>(models_.size()); ++p) {
     if (p == better || p == worse) continue;
     if (sw[p][better] > sw[p][worse] || sw[better][p] > sw[worse][p]) return false;
   }
@@ -276,14 +315,25 @@ bool Planner::dominates(int better, int worse, int64_t shortest, int64_t longest
 }
 
 std::vector<bool> Planner::undominated(int64_t shortest, int64_t longest) const {
-  const int n = static_cast<int>(candidates_.size());
+  const int n = static_cast<int>(models_.size());
   std::vector<bool> alive(n);
   for (int l = 0; l < n; ++l) alive[l] = models_[l].budget >= shortest;
+  // A variant is weighed only where no cheaper variant of its layout holds what it holds up
+  // to the step's longest piece: recomputation buys memory, so a step whose pieces the plain
+  // layout holds never pays for it. (Not exact: the larger micro-batches recomputation
+  // allows could save fixed costs, never close to an extra forward in the cost model's
+  // regimes.) Ties go to the mode listed first.
+  for (int v = 0; v < n; ++v) {
+    if (v == homeVariant_) continue;
+    for (int w = layoutOf(v) * modes(); w < (layoutOf(v) + 1) * modes() && alive[v]; ++w) {
+      if (w != v && cheaperVariant(w, v, longest)) alive[v] = false;
+    }
+  }
   if (!options_.pruneDominated) return alive;
   // One at a time, each against those still alive: dropping a layout some alive layout
   // dominates keeps the optimum of the remaining set, so by induction of the full set.
   for (int l = 0; l < n; ++l) {
-    if (!alive[l] || l == home_) continue;
+    if (!alive[l] || l == homeVariant_) continue;
     for (int k = 0; k < n; ++k) {
       if (alive[k] && dominates(k, l, shortest, longest)) {
         alive[l] = false;
@@ -294,8 +344,25 @@ std::vector<bool> Planner::undominated(int64_t shortest, int64_t longest) const 
   return alive;
 }
 
+bool Planner::cheaperVariant(int w, int v, int64_t longest) const {
+  const CandidateModel& a = models_[w];
+  const CandidateModel& b = models_[v];
+  const LayoutTerms& ta = a.terms;
+  const LayoutTerms& tb = b.terms;
+  if (a.budget < std::min(b.budget, longest)) return false;
+  if (ta.alpha() > tb.alpha() || ta.beta > tb.beta || ta.gamma > tb.gamma ||
+      ta.microBatchSeconds > tb.microBatchSeconds || ta.p2pPerToken > tb.p2pPerToken) {
+    return false;
+  }
+  const bool equal = ta.alpha() == tb.alpha() && ta.beta == tb.beta && ta.gamma == tb.gamma &&
+                     ta.microBatchSeconds == tb.microBatchSeconds && ta.p2pPerToken == tb.p2pPerToken;
+  if (!equal) return true;
+  // Equal terms: the variant holding more stays, then the earlier.
+  return a.budget != b.budget ? a.budget > b.budget : w < v;
+}
+
 PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const std::vector<int64_t>& lengths) const {
-  const Layout& l = candidates_[candidate];
+  const Layout& l = candidates_[layoutOf(candidate)];
   const CandidateModel& m = models_[candidate];
   std::vector<int64_t> local;
   local.reserve(sequences.size());
@@ -312,7 +379,8 @@ PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const
   Aggregate agg;
   for (int64_t s : local) agg.add(m, s);
   PlannedPhase phase;
-  phase.candidate = candidate;
+  phase.candidate = layoutOf(candidate);
+  phase.recompute = m.recompute;
   phase.layout = l;
   phase.sequences = std::move(sequences);
   phase.cost = cost_.phase(l, m.terms, packing.lengths(lengths));
@@ -327,19 +395,26 @@ PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const
   return phase;
 }
 
-ObjectiveValue Planner::objective(const std::vector<int64_t>& pieceLengths, const std::vector<int>& assignment) const {
-  const int n = static_cast<int>(candidates_.size());
+ObjectiveValue Planner::objective(const std::vector<int64_t>& pieceLengths, const std::vector<int>& assignment,
+                                  const std::vector<Recompute>& recompute) const {
+  const int layouts = static_cast<int>(candidates_.size());
+  const int n = static_cast<int>(models_.size());
+  const int home_ = homeVariant_;
   HS_CHECK(!pieceLengths.empty(), "the objective needs at least one piece");
   HS_CHECK(assignment.size() == pieceLengths.size(), "assignment has ", assignment.size(),
            " entries, expected one per piece (", pieceLengths.size(), ")");
+  HS_CHECK(recompute.empty() || recompute.size() == pieceLengths.size(), "recompute has ", recompute.size(),
+           " entries, expected none or one per piece (", pieceLengths.size(), ")");
   std::vector<Aggregate> agg(n);
   for (size_t i = 0; i < pieceLengths.size(); ++i) {
-    const int l = assignment[i];
+    const int c = assignment[i];
     const int64_t s = pieceLengths[i];
-    HS_CHECK(l >= 0 && l < n, "assignment[", i, "] = ", l, " outside the candidates [0, ", n, ")");
+    HS_CHECK(c >= 0 && c < layouts, "assignment[", i, "] = ", c, " outside the candidates [0, ", layouts, ")");
     HS_CHECK(s >= 1, "piece ", i, " has length ", s, ", expected >= 1");
-    HS_CHECK(s <= models_[l].budget, "piece ", i, " of length ", s, " does not fit candidate ", l, " (",
-             candidates_[l].name(), "), which holds at most ", models_[l].budget, " tokens");
+    const int l = variant(c, recompute.empty() ? options_.recompute[0] : recompute[i]);
+    HS_CHECK(s <= models_[l].budget, "piece ", i, " of length ", s, " does not fit candidate ", c, " (",
+             candidates_[c].name(), ", recompute ", recomputeName(models_[l].recompute), "), which holds at most ",
+             models_[l].budget, " tokens");
     agg[l].add(models_[l], s);
   }
   ObjectiveValue out;
@@ -420,8 +495,9 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   }
   const int K = static_cast<int>(cuts.size());
-  const int L = static_cast<int>(candidates_.size());
-  const auto& sw = switches_.params;
+  const int L = static_cast<int>(models_.size());  // variants
+  const auto& sw = switchVariants_;
+  const int home_ = homeVariant_;
 
   // Per layout: where u(s) reaches tau in the sorted order (pp > 1): below it a piece is a
   // share u / tau of a micro-batch, from it on a whole one.
@@ -543,16 +619,17 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
     out.phases.clear();
     out.objectiveSeconds = switchSeconds;
     out.totalSeconds = 0;
-    int prev = home_;
+    const auto& layoutSw = switches_.params;  // phases name candidate layouts
+    int prev = this->home_;
     for (PlannedPhase& phase : phases) {
-      phase.switchInSeconds = sw[prev][phase.candidate];
+      phase.switchInSeconds = layoutSw[prev][phase.candidate];
       if (!out.phases.empty()) out.phases.back().switchOutSeconds = phase.switchInSeconds;
       out.objectiveSeconds += phase.estimateSeconds + phase.gradSeconds;
       out.totalSeconds += phase.switchInSeconds + phase.cost.runSeconds() + phase.gradSeconds;
       prev = phase.candidate;
       out.phases.push_back(std::move(phase));
     }
-    out.switchBackSeconds = sw[prev][home_];
+    out.switchBackSeconds = layoutSw[prev][this->home_];
     out.phases.back().switchOutSeconds = out.switchBackSeconds;
     out.totalSeconds += out.switchBackSeconds;
   };
@@ -582,11 +659,14 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
     }
     return oneLayout[l];
   };
+  int bestStatic = -1;  // variant
   for (int l = 0; l < L; ++l) {
     if (staticEstimate[l] > bestEstimate * kStaticShortlist) continue;
     const double t = wholeStep(l).cost.totalSeconds;
-    if (out.bestStaticCandidate < 0 || t < out.bestStaticSeconds) {
-      out.bestStaticCandidate = l;
+    if (bestStatic < 0 || t < out.bestStaticSeconds) {
+      bestStatic = l;
+      out.bestStaticCandidate = layoutOf(l);
+      out.bestStaticRecompute = models_[l].recompute;
       out.bestStaticSeconds = t;
       out.bestStaticObjectiveSeconds = staticEstimate[l];
     }
@@ -594,8 +674,12 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
 
   // The estimate chose the phases; the exact packing may still favour the whole step in one
   // phase under the home layout or the best static layout.
-  for (int l : {home_, out.bestStaticCandidate}) {
-    if (!options_.exactFallback || l < 0 || models_[l].budget < longest || (out.phases.size() == 1 && out.phases[0].candidate == l)) continue;
+  for (int l : {home_, bestStatic}) {
+    if (!options_.exactFallback || l < 0 || models_[l].budget < longest) continue;
+    if (out.phases.size() == 1 && out.phases[0].candidate == layoutOf(l) &&
+        out.phases[0].recompute == models_[l].recompute) {
+      continue;
+    }
     const PlannedPhase& single = wholeStep(l);
     const double total = sw[home_][l] + single.cost.runSeconds() + single.gradSeconds + sw[l][home_];
     if (total < out.totalSeconds) {

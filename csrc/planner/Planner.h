@@ -61,6 +61,20 @@
 // (singlePhaseFallback; off with exactFallback = false): the estimate decides the buckets,
 // never at a predicted loss against the layouts a user would otherwise run.
 //
+// Recomputation. Each candidate layout is weighed once per recompute mode the options allow
+// (`recompute`, Megatron-LM's granularities): a variant (layout, recompute) is a candidate of
+// the program like any other, with its own terms and micro-batch budget, and switching
+// between two variants of one layout costs nothing. Each step weighs a variant only where
+// no cheaper variant of its layout (no dearer per token, sequence or micro-batch) holds the
+// pieces it holds up to the step's longest: a step the plain layout holds never weighs its
+// recomputing variants, so a bucket of short sequences runs without recomputation and only a
+// bucket the plain layouts cannot hold, or hold only with more model-parallel ranks, pays
+// for it. (This drops more than exact dominance would: a recomputing variant's larger
+// micro-batches can save fixed costs per micro-batch, in the cost model's regimes far less
+// than the forward it adds.) Every phase reports the
+// mode it runs with (PlannedPhase::recompute); candidate indices stay indices into the
+// candidate layouts.
+//
 // Sequences longer than `maxContext` (when set) are rejected, truncated to it, or split into
 // pieces of at most maxContext tokens (`longSequences`); the plan lists its pieces and all
 // indices refer to them. Deterministic: equal inputs give equal plans.
@@ -90,6 +104,10 @@ struct PlannerOptions {
   // Tokens one micro-batch may hold at most, whatever memory allows (Megatron's
   // micro-batch size times the sequence length); 0: memory alone decides.
   int64_t maxTokensPerMicroBatch = 0;
+  // The recompute modes the planner may give a phase, each layout weighed with each; the
+  // first is the one candidateModel(i) and objective() assume by default. Non-empty, no
+  // mode twice.
+  std::vector<Recompute> recompute = {Recompute::kNone};
 };
 
 // Seconds of the switches between candidates, from redistribution plans (see plan.py).
@@ -114,6 +132,7 @@ struct CandidateModel {
   double gradSeconds = 0;     // g
   GradMethod gradMethod = GradMethod::kLocal;
   double reduceSeconds = 0;   // its own reduction over the data group
+  Recompute recompute = Recompute::kNone;
 
   // m(s): the micro-batches one sequence accounts for.
   double microBatchShare(int64_t s) const;
@@ -125,8 +144,8 @@ struct CandidateModel {
 struct ObjectiveValue {
   double totalSeconds = 0;
   double switchSeconds = 0;           // C
-  std::vector<double> phaseSeconds;   // per candidate: E + g, 0 when unused
-  std::vector<int> order;             // used candidates in run order
+  std::vector<double> phaseSeconds;   // per variant (see objective()): E + g, 0 when unused
+  std::vector<int> order;             // used variants in run order
 };
 
 class Planner {
@@ -147,28 +166,44 @@ class Planner {
   // The pieces the plan cuts the lengths into (identity unless sequences exceed maxContext).
   std::vector<SequencePiece> pieces(const std::vector<int64_t>& lengths) const;
 
-  // J of an arbitrary assignment of pieces (by length) to candidates. Throws InvalidArgument
-  // for mismatched sizes, an index outside the candidates, or a piece its layout cannot
-  // hold, or more than kMaxOrderedLayouts non-home layouts.
-  ObjectiveValue objective(const std::vector<int64_t>& pieceLengths, const std::vector<int>& assignment) const;
+  // J of an arbitrary assignment of pieces (by length) to candidates, each run with the
+  // recompute mode `recompute` gives it (empty: the options' first mode for all). Throws
+  // InvalidArgument for mismatched sizes, an index outside the candidates, a mode the options
+  // do not allow, a piece its layout cannot hold, or more than kMaxOrderedLayouts layouts
+  // besides the home layout. phaseSeconds and order index the variants: candidate *
+  // recompute modes + the mode's position in the options.
+  ObjectiveValue objective(const std::vector<int64_t>& pieceLengths, const std::vector<int>& assignment,
+                           const std::vector<Recompute>& recompute = {}) const;
 
   const std::vector<Layout>& candidates() const { return candidates_; }
   int home() const { return home_; }
   const CostModel& costModel() const { return cost_; }
   const SwitchCosts& switchCosts() const { return switches_; }
   const PlannerOptions& options() const { return options_; }
-  const CandidateModel& candidateModel(int i) const { return models_.at(i); }
-  // The most tokens one micro-batch may hold under candidate i (0 when even the weights do
-  // not fit).
-  int64_t microBatchBudget(int i) const { return models_.at(i).budget; }
+  // Candidate i under the options' first recompute mode, or under `recompute` (InvalidArgument
+  // when the options do not allow it or i is outside the candidates).
+  const CandidateModel& candidateModel(int i) const;
+  const CandidateModel& candidateModel(int i, Recompute recompute) const;
+  // The most tokens one micro-batch may hold under candidate i with any allowed recompute mode
+  // (0 when even the weights do not fit).
+  int64_t microBatchBudget(int i) const;
 
  private:
+  // Variants: candidate layout i under the options' recompute mode r is variant
+  // i * modes + r; the program and the objective run over variants.
+  int modes() const { return static_cast<int>(options_.recompute.size()); }
+  int layoutOf(int variant) const { return variant / modes(); }
+  int variant(int candidate, Recompute recompute) const;
   int64_t computeBudget(const Layout& layout, const LayoutTerms& terms) const;
   // The cheapest cycle home -> layouts -> home and its order (exact up to
   // kMaxOrderedLayouts; beyond, the given order).
   double cycle(std::vector<int>& layouts) const;
   std::vector<bool> undominated(int64_t shortest, int64_t longest) const;
   bool dominates(int better, int worse, int64_t shortest, int64_t longest) const;
+  // Whether variant w, of the same layout as v, costs no more per token, sequence and
+  // micro-batch and holds what v holds up to `longest` (equal terms: the one holding more,
+  // then the earlier).
+  bool cheaperVariant(int w, int v, int64_t longest) const;
   PlannedPhase makePhase(int candidate, std::vector<int> sequences, const std::vector<int64_t>& lengths) const;
 
   CostModel cost_;
@@ -176,7 +211,9 @@ class Planner {
   int home_;
   SwitchCosts switches_;
   PlannerOptions options_;
-  std::vector<CandidateModel> models_;
+  std::vector<CandidateModel> models_;     // per variant
+  std::vector<std::vector<double>> switchVariants_;  // params switches between variants
+  int homeVariant_ = 0;                    // the home layout under the first mode
 };
 
 }  // namespace hotswitch

@@ -8,7 +8,8 @@
 // (switchInSeconds -> switch_in_seconds, bestStaticCandidate -> best_static_candidate), a
 // nested struct is its own class (PlannedPhase::cost -> PhaseCost, ::packing -> Packing), a
 // const method without arguments is a property (PhaseCost::runSeconds() -> run_seconds) and
-// a GradMethod is its name (gradMethodName: "local", "reduce", "partial"). So
+// a GradMethod is its name (gradMethodName: "local", "reduce", "partial"), as is a Recompute
+// (recomputeName: "none", "selective", "full"). So
 //   C++ plan.phases[k].cost.peakBytes  ==  Python plan.phases[k].cost.peak_bytes.
 // Seconds end in Seconds (Python: _seconds); "candidate" is always an index into the
 // planner's candidate layouts.
@@ -64,6 +65,7 @@ struct PlannedPhase {
   double switchOutSeconds = 0;  // parameters to the next phase's layout (home after the last)
   double gradSeconds = 0;       // gradients into the home accumulator
   GradMethod gradMethod = GradMethod::kLocal;
+  Recompute recompute = Recompute::kNone;  // activation recomputation of the phase's layers
 };
 
 struct StepPlan {
@@ -74,11 +76,12 @@ struct StepPlan {
   double totalSeconds = 0;
   double objectiveSeconds = 0;  // J of the plan's assignment
   double programSeconds = 0;    // J_DP of the dynamic program's optimum (>= objectiveSeconds)
-  int candidatesUsed = 0;       // candidates left after dropping dominated ones
+  int candidatesUsed = 0;       // (layout, recompute) candidates left after dropping dominated ones
   bool singlePhaseFallback = false;  // one phase under home or best static beat the program's plan
   // The single layout that holds the longest piece and is fastest over the whole batch, run
   // as its own home (no switches; its own gradient reduction): what a Megatron-LM user runs.
   int bestStaticCandidate = -1;
+  Recompute bestStaticRecompute = Recompute::kNone;
   double bestStaticSeconds = 0;           // exact packing
   double bestStaticObjectiveSeconds = 0;  // E + its reduction
 };

@@ -13,12 +13,15 @@ from hotswitch._checks import check_bool, check_choice, check_int
 from hotswitch.precision import LossScaling
 from hotswitch.redistribute import DEFAULT_TIMEOUT_S
 
-__all__ = ["GRAD_METHODS", "NONFINITE_POLICIES", "RuntimeConfig"]
+__all__ = ["GRAD_METHODS", "NONFINITE_POLICIES", "RECOMPUTE_CHOICES", "RuntimeConfig"]
 
 # How a phase's gradients reach the home accumulator: "auto" takes the planner's choice per
 # phase; the others force one of the planner's methods ("local" is the home layout's own).
 GRAD_METHODS = ("auto", "partial", "reduce")
 NONFINITE_POLICIES = ("raise", "skip")
+# Activation recomputation: Megatron-LM's granularities for every phase, or the planner's
+# choice per phase ("auto").
+RECOMPUTE_CHOICES = ("none", "selective", "full", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +90,26 @@ class RuntimeConfig:
     topology: Optional[Topology] = None
     """Ranks per node. Default: ``LOCAL_WORLD_SIZE`` (torchrun's) ranks per node, or one node."""
 
+    recompute: str = "none"
+    """Activation recomputation (Megatron-LM's ``--recompute-granularity``): ``"none"``;
+    ``"selective"``, every layer's attention core reruns in the backward pass; ``"full"``, only
+    the layers' inputs are kept and their forward reruns in the backward pass; ``"auto"``, the
+    planner chooses per phase, paying for recomputation only in the phases whose layouts
+    hold their sequences faster or at all with it. The cost model prices each choice; the
+    gradients are the same."""
+
+    recompute_num_layers: int = 1
+    """Under full recomputation, the layers of one recomputed chunk: each chunk keeps its input
+    only (Megatron-LM's ``--recompute-method uniform --recompute-num-layers``)."""
+
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
         check_choice("grad_method", self.grad_method, GRAD_METHODS)
         check_bool("zero", self.zero)
         check_bool("recalibrate", self.recalibrate)
         check_int("seed", self.seed, 0)
+        check_choice("recompute", self.recompute, RECOMPUTE_CHOICES)
+        check_int("recompute_num_layers", self.recompute_num_layers, 1)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         for name in ("max_context", "max_tokens_per_micro_batch", "memory_budget_bytes"):

@@ -158,5 +158,6 @@ def build_planner(model, hardware, topology, candidates, home, zero=True, method
 def free_planner(planner: "_C.Planner", **options) -> "_C.Planner":
     """The same planner with free switches: the upper bound of bucketing."""
     n = len(planner.candidates)
+    options.setdefault("recompute", planner.recompute)
     return _C.Planner(planner.cost, planner.candidates, planner.home, [[0.0] * n for _ in range(n)], [0.0] * n,
                       [0.0] * n, **options)

@@ -71,6 +71,7 @@ class PhaseResult:
     grad_s: float                # gradients into the home accumulator
     grad_bytes: int
     grad_method: str             # "partial", "reduce" or "local"
+    recompute: str = "none"      # the activation recomputation it ran with
 
 
 @dataclasses.dataclass
@@ -177,8 +178,11 @@ class Runtime:
         self.hardware = hardware
         self.cost = CostModel(config.cost_config(), hardware, self.topology, zero=zero)
         self.home_placement = "zero" if zero else "sharded"  # of the master weights and accumulator
+        # The recompute modes the planner may give a phase (RuntimeConfig.recompute).
+        self.recompute_modes = ["none", "selective", "full"] if s.recompute == "auto" else [s.recompute]
         n = len(self.candidates)
-        free = Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
+        free = Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
+                       recompute=self.recompute_modes)
         longest = max(free.micro_batch_budget(i) for i in range(n))
         if longest < max_context:
             raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
@@ -196,7 +200,8 @@ class Runtime:
         self._agree_on_settings()
         self.groups = {l.name: ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
         self._models: Dict[str, "ParallelTransformer"] = {}
-        home_model = ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed)
+        home_model = ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed,
+                                         recompute_num_layers=s.recompute_num_layers)
         shards = {n: t.detach() for n, t in home_model.named_shards().items()}
         if zero:
             shards = switch(shards, self.tensor_set, self.home, self.home, dst_kind="zero", group=group,
@@ -252,7 +257,8 @@ class Runtime:
             partial = None
         return Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
                           max_context=self.max_context,
-                          max_tokens_per_micro_batch=self.max_tokens_per_micro_batch or 0)
+                          max_tokens_per_micro_batch=self.max_tokens_per_micro_batch or 0,
+                          recompute=self.recompute_modes)
 
     # ----------------------------------------------------------------------------- step
 
@@ -328,7 +334,8 @@ class Runtime:
     def _model(self, layout, shards) -> "ParallelTransformer":
         model = self._models.get(layout.name)
         if model is None:
-            model = ParallelTransformer(self.config, layout, self.groups[layout.name], seed=self.seed, shards=shards)
+            model = ParallelTransformer(self.config, layout, self.groups[layout.name], seed=self.seed, shards=shards,
+                                        recompute_num_layers=self.settings.recompute_num_layers)
             self._models[layout.name] = model
         else:
             model.load_shards(shards)
@@ -394,6 +401,7 @@ class Runtime:
             params, moved = self._enter(k, layout, current, current_layout)
             switch_s = time.perf_counter() - t0
             model = self._model(layout, params)
+            model.recompute = ph.recompute  # the planner's choice for this phase
             current, current_layout = params, layout
             model.zero_grad()
 
@@ -420,7 +428,7 @@ class Runtime:
             switch_bytes += moved + grad_bytes
             tokens = sum(lengths[i] for i in ph.sequences)
             phases.append(PhaseResult(layout.name, len(ph.sequences), tokens, len(mbs), ph.cost.run_seconds,
-                                      compute_s, switch_s, moved, grad_s, grad_bytes, method))
+                                      compute_s, switch_s, moved, grad_s, grad_bytes, method, ph.recompute))
         if current_layout is not None:
             self._release(self._models[current_layout.name])
         del current
@@ -604,7 +612,7 @@ class Runtime:
         for k, ph in enumerate(plan.phases):
             compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
             batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph.packing.micro_batches]
-            self.calibration.observe_phase(ph.layout, batches, compute_s)
+            self.calibration.observe_phase(ph.layout, batches, compute_s, ph.recompute)
             # Planned at the current scale; the home phase's own reduction is planned as 0.
             self.calibration.observe_switch(ph.switch_in_seconds / self._switch_scale, switch_s)
             self.calibration.observe_switch(ph.grad_seconds / self._switch_scale, grad_s)

@@ -58,7 +58,7 @@ TEST(CostModelTest, FlopsByHand) {
   // Backward: two products per forward one; flash attention's backward 2.5 forwards.
   EXPECT_DOUBLE_EQ(cost.trainingFlops(s), 3 * products + 3.5 * attention + 3 * head);
   ModelConfig recompute = tiny();
-  recompute.recompute = true;
+  recompute.recompute = Recompute::kFull;
   // Recomputation reruns the layers' forward, not the head's.
   EXPECT_DOUBLE_EQ(CostModel(recompute, unitHardware(), Topology(1, 1)).trainingFlops(s),
                    4 * products + 4.5 * attention + 3 * head);
@@ -429,6 +429,68 @@ TEST(CostModelTest, RejectsInfiniteHardwareFigures) {
   h = unitHardware();
   h.layerOverheadSeconds = std::numeric_limits<double>::quiet_NaN();
   EXPECT_THROW(CostModel(tiny(), h, Topology(2, 2)), InvalidArgument);
+}
+
+TEST(CostModelTest, RecomputeTradesTimeForMemory) {
+  CostModel cost(ModelConfig::preset("llama-7b"), HardwareProfile::preset("a800"), Topology(8, 8),
+                 CostOptions{true, 4, 12});
+  const Layout layout(4, 2, 1);
+  const PhaseBatches batches(4, {{8192}, {4096, 4096}});
+  const LayoutTerms none = cost.terms(layout, Recompute::kNone);
+  const LayoutTerms selective = cost.terms(layout, Recompute::kSelective);
+  const LayoutTerms full = cost.terms(layout, Recompute::kFull);
+  EXPECT_EQ(cost.terms(layout).recompute, Recompute::kNone);  // the model's own setting
+  EXPECT_EQ(full.recompute, Recompute::kFull);
+  // Either granularity reruns the attention core's forward: 9 of its FLOPs instead of 7.
+  EXPECT_NEAR(selective.beta, none.beta * 9 / 7, 1e-9 * none.beta);
+  EXPECT_DOUBLE_EQ(full.beta, selective.beta);
+  // Only full reruns the products, the elementwise kernels and the collectives.
+  EXPECT_GT(selective.alphaCompute, none.alphaCompute);
+  EXPECT_GT(full.alphaCompute, selective.alphaCompute + 0.25 * (none.alphaCompute - none.lastStageAlpha));
+  EXPECT_DOUBLE_EQ(selective.alphaTp, none.alphaTp);
+  EXPECT_GT(full.alphaTp, none.alphaTp);
+  EXPECT_DOUBLE_EQ(full.dpSeconds, none.dpSeconds);
+
+  const PhaseCost pn = cost.phase(layout, Recompute::kNone, batches);
+  const PhaseCost ps = cost.phase(layout, Recompute::kSelective, batches);
+  const PhaseCost pf = cost.phase(layout, Recompute::kFull, batches);
+  EXPECT_LT(pn.totalSeconds, ps.totalSeconds);
+  EXPECT_LT(ps.totalSeconds, pf.totalSeconds);
+  EXPECT_LT(pf.totalSeconds, 1.5 * pn.totalSeconds);  // about one forward more, not a step
+  EXPECT_EQ(pf.staticBytes, pn.staticBytes);
+  // By hand, 8192 tokens in flight, tp 2, bf16: without recomputation 34 h / 2 bytes per token
+  // per layer; with full 2 h / 2 per layer plus one layer rebuilt; fp32 logits and gradients.
+  const int64_t n = 8192, h = 4096, layers = 32, logits = n * 16000 * 8;
+  EXPECT_EQ(pn.activationBytes, n * 34 * h / 2 * layers + logits);
+  EXPECT_EQ(pf.activationBytes, n * 2 * h / 2 * layers + n * 34 * h / 2 + logits);
+  // Flash attention keeps no scores: the selective granularity saves nothing here.
+  EXPECT_EQ(ps.activationBytes, pn.activationBytes);
+
+  // Without flash attention the attention core keeps 5 bytes per head per token^2 of each
+  // sequence (its scores, softmax and dropout mask), which either granularity drops.
+  CostOptions eager{true, 4, 12};
+  eager.flashAttention = false;
+  CostModel plain(ModelConfig::preset("llama-7b"), HardwareProfile::preset("a800"), Topology(8, 8), eager);
+  const PhaseCost qn = plain.phase(layout, Recompute::kNone, batches);
+  const PhaseCost qs = plain.phase(layout, Recompute::kSelective, batches);
+  const PhaseCost qf = plain.phase(layout, Recompute::kFull, batches);
+  const int64_t scores = 5 * 32 / 2 * n * n;  // per layer, 32 heads over tp 2
+  EXPECT_EQ(qn.activationBytes, pn.activationBytes + scores * layers);
+  EXPECT_EQ(qs.activationBytes, pn.activationBytes);
+  EXPECT_EQ(qf.activationBytes, pf.activationBytes + scores);  // the layer being rebuilt
+  EXPECT_DOUBLE_EQ(qn.totalSeconds, pn.totalSeconds);
+}
+
+TEST(CostModelTest, RecomputeFlopsByGranularity) {
+  CostModel cost(tiny(), unitHardware(), Topology(1, 1));
+  const int64_t s = 5;
+  const double products = 2 * 2.0 * 640 * s, attention = 2 * 2.0 * s * s * 8, head = 2.0 * 10 * 8 * s;
+  EXPECT_DOUBLE_EQ(cost.trainingFlops(s, Recompute::kNone), cost.trainingFlops(s));
+  EXPECT_DOUBLE_EQ(cost.trainingFlops(s, Recompute::kSelective), 3 * products + 4.5 * attention + 3 * head);
+  EXPECT_DOUBLE_EQ(cost.trainingFlops(s, Recompute::kFull), 4 * products + 4.5 * attention + 3 * head);
+  EXPECT_EQ(parseRecompute("selective"), Recompute::kSelective);
+  EXPECT_STREQ(recomputeName(Recompute::kFull), "full");
+  EXPECT_THROW(parseRecompute("partial"), InvalidArgument);
 }
 
 }  // namespace

@@ -359,5 +359,125 @@ TEST(PlannerTest, HugeSequencesDoNotOverflowThePrefixSums) {
   EXPECT_NEAR(p.objective(lengths, assignment).totalSeconds, plan.objectiveSeconds, 1e-9 * plan.objectiveSeconds);
 }
 
+// LLaMA-7B on 8 A800s without tp8: the plain layouts hold at most some 20K tokens; with full
+// recomputation as a choice the longer pieces plan, and only their phase pays for it.
+TEST(PlannerTest, RecomputesOnlyThePhasesThatNeedIt) {
+  Fixture s;
+  s.layouts = {Layout(8, 1, 1), Layout(4, 2, 1), Layout(2, 4, 1), Layout(2, 2, 2)};
+  const size_t n = s.layouts.size();
+  std::vector<std::vector<double>> sw(n, std::vector<double>(n, 0.05));
+  for (size_t i = 0; i < n; ++i) sw[i][i] = 0;
+  std::vector<double> grad(n, 0.025);
+  grad[0] = 0;
+  const Planner plain(s.cost, s.layouts, 0, SwitchCosts{sw, grad, {}});
+  PlannerOptions options;
+  options.recompute = {Recompute::kNone, Recompute::kFull};
+  const Planner both(s.cost, s.layouts, 0, SwitchCosts{sw, grad, {}}, options);
+  int64_t plainMost = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int c = static_cast<int>(i);
+    EXPECT_EQ(both.candidateModel(c).recompute, Recompute::kNone);
+    EXPECT_EQ(both.candidateModel(c).budget, plain.microBatchBudget(c));
+    EXPECT_GT(both.candidateModel(c, Recompute::kFull).budget, plain.microBatchBudget(c));
+    EXPECT_EQ(both.microBatchBudget(c), both.candidateModel(c, Recompute::kFull).budget);
+    plainMost = std::max(plainMost, plain.microBatchBudget(c));
+  }
+  EXPECT_THROW(both.candidateModel(0, Recompute::kSelective), InvalidArgument);
+
+  // A short step: nothing recomputes, and the plan is the plain planner's.
+  std::vector<int64_t> shortStep = longTailed(128, 5);
+  for (int64_t& l : shortStep) l = std::min<int64_t>(l, plainMost);
+  const StepPlan a = plain.plan(shortStep), b = both.plan(shortStep);
+  ASSERT_EQ(a.phases.size(), b.phases.size());
+  for (size_t k = 0; k < a.phases.size(); ++k) {
+    EXPECT_EQ(b.phases[k].recompute, Recompute::kNone);
+    EXPECT_EQ(b.phases[k].candidate, a.phases[k].candidate);
+  }
+  EXPECT_DOUBLE_EQ(b.totalSeconds, a.totalSeconds);
+
+  // One piece longer than any plain layout holds: the plain planner refuses, the other plans
+  // it under full recomputation and leaves the short pieces without. (With few short pieces
+  // one phase for all can be faster: a second replica runs them beside the long one.)
+  std::vector<int64_t> lengths = longTailed(1024, 5);
+  const int64_t outlier = plainMost + plainMost / 2;
+  lengths.push_back(outlier);
+  EXPECT_THROW(plain.plan(lengths), InvalidArgument);
+  const StepPlan plan = both.plan(lengths);
+  int full = 0, none = 0;
+  for (const PlannedPhase& phase : plan.phases) {
+    EXPECT_TRUE(phase.cost.fits);
+    int64_t longest = 0;
+    for (int i : phase.sequences) longest = std::max(longest, plan.pieces[i].length);
+    if (phase.recompute == Recompute::kFull) {
+      ++full;
+      EXPECT_EQ(longest, outlier);  // only the long bucket pays
+    } else {
+      ++none;
+      EXPECT_EQ(phase.recompute, Recompute::kNone);
+      EXPECT_LE(longest, plainMost);
+    }
+    // The phase's cost is the cost model's for its recompute mode.
+    std::vector<int64_t> all;
+    for (const auto& q : plan.pieces) all.push_back(q.length);
+    const PhaseCost again = s.cost.phase(phase.layout, phase.recompute, phase.packing.lengths(all));
+    EXPECT_DOUBLE_EQ(again.totalSeconds, phase.cost.totalSeconds);
+    EXPECT_EQ(again.peakBytes, phase.cost.peakBytes);
+  }
+  EXPECT_EQ(full, 1);
+  EXPECT_GE(none, 1);
+  // The objective of the plan's assignment, recompute modes included, is the plan's.
+  if (!plan.singlePhaseFallback) {
+    std::vector<int> assignment(plan.pieces.size());
+    std::vector<Recompute> modes(plan.pieces.size());
+    std::vector<int64_t> pieceLengths;
+    for (const auto& q : plan.pieces) pieceLengths.push_back(q.length);
+    for (const PlannedPhase& phase : plan.phases) {
+      for (int i : phase.sequences) {
+        assignment[i] = phase.candidate;
+        modes[i] = phase.recompute;
+      }
+    }
+    EXPECT_NEAR(both.objective(pieceLengths, assignment, modes).totalSeconds, plan.objectiveSeconds,
+                1e-9 * plan.objectiveSeconds);
+    EXPECT_THROW(both.objective(pieceLengths, assignment), InvalidArgument);  // the outlier without
+  }
+  options.recompute = {Recompute::kFull, Recompute::kFull};
+  EXPECT_THROW(Planner(s.cost, s.layouts, 0, SwitchCosts{sw, grad, {}}, options), InvalidArgument);
+  options.recompute = {};
+  EXPECT_THROW(Planner(s.cost, s.layouts, 0, SwitchCosts{sw, grad, {}}, options), InvalidArgument);
+}
+
+// LLaMA-7B on two nodes of 8 A800s: tp16 spans the nodes and its collectives cross the
+// inter-node links, so it runs only the piece no layout inside a node holds.
+TEST(PlannerTest, TensorParallelismAcrossNodesOnlyForWhatNothingElseHolds) {
+  const CostModel cost{ModelConfig::preset("llama-7b"), HardwareProfile::preset("a800"), Topology(16, 8),
+                       CostOptions{true, 4, 12}};
+  const std::vector<Layout> layouts{Layout(16, 1, 1), Layout(4, 4, 1), Layout(2, 8, 1), Layout(1, 16, 1)};
+  const size_t n = layouts.size();
+  std::vector<std::vector<double>> sw(n, std::vector<double>(n, 0.05));
+  for (size_t i = 0; i < n; ++i) sw[i][i] = 0;
+  std::vector<double> grad(n, 0.025);
+  grad[0] = 0;
+  const Planner planner(cost, layouts, 0, SwitchCosts{sw, grad, {}});
+  EXPECT_TRUE(cost.spansNodes(layouts[3], Axis::kTp));
+  EXPECT_FALSE(cost.spansNodes(layouts[2], Axis::kTp));
+  // Its collectives cost more per token than tp8's inside a node.
+  EXPECT_GT(cost.terms(layouts[3]).alphaTp, cost.terms(layouts[2]).alphaTp);
+  const int64_t inside = planner.microBatchBudget(2);
+  ASSERT_GT(planner.microBatchBudget(3), inside);
+  std::vector<int64_t> lengths = longTailed(128, 9);
+  for (int64_t& l : lengths) l = std::min(l, inside);
+  lengths.push_back((inside + planner.microBatchBudget(3)) / 2);
+  const StepPlan plan = planner.plan(lengths);
+  int across = 0;
+  for (const PlannedPhase& phase : plan.phases) {
+    if (phase.candidate != 3) continue;
+    ++across;
+    ASSERT_EQ(phase.sequences.size(), 1u);
+    EXPECT_EQ(plan.pieces[phase.sequences[0]].length, lengths.back());
+  }
+  EXPECT_EQ(across, 1);
+}
+
 }  // namespace
 }  // namespace hotswitch

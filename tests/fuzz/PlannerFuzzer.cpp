@@ -10,6 +10,7 @@
 // micro-batch within its layout's token budget; state the objective of its own assignment;
 // and come out the same from the same planner and from a fresh one.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -49,7 +50,7 @@ ModelConfig model(FuzzInput& in) {
   m.ffnHiddenSize = 8 * in.range(1, 8);
   m.vocabSize = in.range(1, 512);
   m.paramBytes = in.flag() ? 2 : 4;
-  m.recompute = in.flag();
+  m.recompute = in.flag() ? Recompute::kFull : Recompute::kNone;
   if (in.chance(6)) m.numQueryGroups = static_cast<int>(in.range(0, 3));
   if (in.chance(4)) m.hiddenSize = in.range(-1, 7);
   if (in.chance(4)) m.paramBytes = in.range(0, 8);
@@ -143,6 +144,18 @@ Input input(FuzzInput& in) {
   int64_t longest = int64_t{1} << in.range(1, in.chance(16) ? 40 : 14);
   if (x.options.maxContext > 0) longest = std::min(longest, 64 * x.options.maxContext);  // pieces to plan, not to count
   for (int i = 0; i < count; ++i) x.lengths.push_back(in.chance(2) ? in.range(-1, 0) : in.range(1, longest));
+  // Recompute modes, drawn last so that earlier inputs keep their meaning: usually distinct,
+  // sometimes none or one twice (refused).
+  if (in.flag()) {
+    x.options.recompute.clear();
+    const int modes = static_cast<int>(in.range(in.chance(8) ? 0 : 1, 3));
+    for (int i = 0; i < modes; ++i) {
+      const auto mode = static_cast<Recompute>(in.range(0, 2));
+      const bool twice = std::find(x.options.recompute.begin(), x.options.recompute.end(), mode) !=
+                         x.options.recompute.end();
+      if (!twice || in.chance(8)) x.options.recompute.push_back(mode);
+    }
+  }
   return x;
 }
 
@@ -167,14 +180,19 @@ void checkPlan(const Input& x, const Planner& planner, const StepPlan& plan) {
   const int L = static_cast<int>(x.candidates.size());
   std::vector<int> inPhase(n, 0), inBatch(n, 0);
   std::vector<int> phaseOf(n, -1);
-  std::vector<bool> used(L, false);
+  std::vector<std::vector<bool>> used(L, std::vector<bool>(3, false));  // [candidate][recompute]
+  std::vector<Recompute> modeOf(n, Recompute::kNone);
   FUZZ_CHECK(!plan.phases.empty(), "a plan without phases");
   double total = plan.switchBackSeconds;
   for (const PlannedPhase& phase : plan.phases) {
     const int c = phase.candidate;
     FUZZ_CHECK(c >= 0 && c < L && phase.layout == x.candidates[c], "phase candidate ", c);
-    FUZZ_CHECK(!used[c], "two phases under candidate ", c);
-    used[c] = true;
+    const int mode = static_cast<int>(phase.recompute);
+    FUZZ_CHECK(std::find(x.options.recompute.begin(), x.options.recompute.end(), phase.recompute) !=
+                   x.options.recompute.end(), "phase recomputes ", recomputeName(phase.recompute),
+               ", which the options do not allow");
+    FUZZ_CHECK(!used[c][mode], "two phases under candidate ", c, " recompute ", recomputeName(phase.recompute));
+    used[c][mode] = true;
     FUZZ_CHECK(phase.cost.fits && phase.cost.peakBytes <= x.hardware.memoryBytes, "phase under ",
                phase.layout.name(), " peaks at ", phase.cost.peakBytes, " B of ", x.hardware.memoryBytes);
     FUZZ_CHECK(static_cast<int>(phase.packing.microBatches.size()) == phase.layout.dp(), "packing of ",
@@ -183,6 +201,7 @@ void checkPlan(const Input& x, const Planner& planner, const StepPlan& plan) {
       FUZZ_CHECK(i >= 0 && i < n, "piece index ", i);
       ++inPhase[i];
       phaseOf[i] = c;
+      modeOf[i] = phase.recompute;
     }
     FUZZ_CHECK(phase.cuSeqlens.size() == phase.packing.microBatches.size(), "cu_seqlens of ",
                phase.cuSeqlens.size(), " replicas under ", phase.layout.name());
@@ -199,13 +218,15 @@ void checkPlan(const Input& x, const Planner& planner, const StepPlan& plan) {
         int64_t tokens = 0;
         for (size_t j = 0; j < mb.size(); ++j) {
           const int i = mb[j];
-          FUZZ_CHECK(i >= 0 && i < n && phaseOf[i] == c, "piece ", i, " packed outside its phase");
+          FUZZ_CHECK(i >= 0 && i < n && phaseOf[i] == c && modeOf[i] == phase.recompute, "piece ", i,
+                     " packed outside its phase");
           ++inBatch[i];
           tokens += plan.pieces[i].length;
           FUZZ_CHECK(cu[j + 1] == tokens, "cu_seqlens ", cu[j + 1], " after ", tokens, " tokens");
         }
-        FUZZ_CHECK(tokens <= planner.microBatchBudget(c), "micro-batch of ", tokens, " tokens under ",
-                   phase.layout.name(), ", budget ", planner.microBatchBudget(c));
+        const int64_t budget = planner.candidateModel(c, phase.recompute).budget;
+        FUZZ_CHECK(tokens <= budget && budget <= planner.microBatchBudget(c), "micro-batch of ", tokens,
+                   " tokens under ", phase.layout.name(), ", budget ", budget);
       }
     }
     total += phase.switchInSeconds + phase.cost.runSeconds() + phase.gradSeconds;
@@ -218,7 +239,11 @@ void checkPlan(const Input& x, const Planner& planner, const StepPlan& plan) {
   FUZZ_CHECK(std::fabs(plan.totalSeconds - total) <= 1e-9 * std::max(1.0, total), "total ", plan.totalSeconds,
              " but its phases add to ", total);
   int others = 0;
-  for (int c = 0; c < L; ++c) others += used[c] && c != x.home;
+  for (int c = 0; c < L; ++c) {
+    for (int mode = 0; mode < 3; ++mode) {
+      others += used[c][mode] && !(c == x.home && static_cast<Recompute>(mode) == x.options.recompute[0]);
+    }
+  }
   if (others <= Planner::kMaxOrderedLayouts) {
     std::vector<int64_t> lengths;
     std::vector<int> assignment;
@@ -226,7 +251,7 @@ void checkPlan(const Input& x, const Planner& planner, const StepPlan& plan) {
       lengths.push_back(plan.pieces[i].length);
       assignment.push_back(phaseOf[i]);
     }
-    const double j = planner.objective(lengths, assignment).totalSeconds;
+    const double j = planner.objective(lengths, assignment, modeOf).totalSeconds;
     FUZZ_CHECK(std::fabs(j - plan.objectiveSeconds) <= 1e-9 * std::max(1.0, j), "objective ",
                plan.objectiveSeconds, " but its assignment's is ", j);
   }

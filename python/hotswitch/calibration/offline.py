@@ -78,9 +78,9 @@ def _transformer_config(config, longest: int) -> TransformerConfig:
                              f"({config.max_position_embeddings})")
         return config
     if isinstance(config, _C.ModelConfig):
-        if config.recompute:
-            raise ValueError("config.recompute is True; the parallel model runs without activation "
-                             "recomputation, so calibrate with recompute=False")
+        if config.recompute != "none":
+            raise ValueError(f"config.recompute is {config.recompute!r}; calibration runs the parallel model "
+                             f"without activation recomputation, so calibrate with recompute='none'")
         return TransformerConfig(num_layers=config.num_layers, hidden_size=config.hidden_size,
                                  num_attention_heads=config.num_attention_heads,
                                  num_query_groups=config.num_query_groups, ffn_hidden_size=config.ffn_hidden_size,

@@ -89,14 +89,16 @@ class OnlineCalibration:
         self.topology = topology
         self.zero = zero
         self.ridge = ridge
-        self.phases: Deque[Tuple["_C.Layout", List[List[List[int]]], float]] = collections.deque(maxlen=window)
+        self.phases: Deque[Tuple["_C.Layout", List[List[List[int]]], float, str]] = collections.deque(maxlen=window)
         self.switches: Deque[Tuple[float, float]] = collections.deque(maxlen=window)
         self.overheads: Deque[float] = collections.deque(maxlen=window)
 
-    def observe_phase(self, layout, batches: Sequence[Sequence[Sequence[int]]], measured_s: float) -> None:
-        """``batches[replica][k]``: the sequence lengths of micro-batch k of each data replica."""
+    def observe_phase(self, layout, batches: Sequence[Sequence[Sequence[int]]], measured_s: float,
+                      recompute: str = "none") -> None:
+        """``batches[replica][k]``: the sequence lengths of micro-batch k of each data replica;
+        ``recompute``: the activation recomputation the phase ran with."""
         if measured_s > 0:
-            self.phases.append((layout, [[list(mb) for mb in r] for r in batches], float(measured_s)))
+            self.phases.append((layout, [[list(mb) for mb in r] for r in batches], float(measured_s), recompute))
 
     def observe_switch(self, planned_s: float, measured_s: float) -> None:
         if planned_s > 0 and measured_s > 0:
@@ -120,15 +122,15 @@ class OnlineCalibration:
     def _predict(self, fields: dict) -> np.ndarray:
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero)
         out = []
-        for layout, batches, _ in self.phases:
-            out.append(cost.phase(layout, batches).run_seconds)
+        for layout, batches, _, recompute in self.phases:
+            out.append(cost.phase(layout, batches, recompute=recompute).run_seconds)
         return np.array(out)
 
     def fit(self, hardware) -> Optional[Fit]:
         """The refitted profile, or None without observations. Deterministic in its inputs."""
         if not self.phases:
             return None
-        measured = np.array([m for _, _, m in self.phases])
+        measured = np.array([m for _, _, m, _ in self.phases])
         base = _fields(hardware)
         for name, value in _PROBE.items():
             if base[name] == 0:

@@ -58,9 +58,8 @@ _INT_COLUMNS = ("world", "num_layers", "hidden_size", "ffn_hidden_size", "num_at
 _BOOL_COLUMNS = ("packing", "sequence_parallel", "distributed_optimizer", "untie_embeddings")
 _NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 _POSITIONS = ("learned_absolute", "rope")
-# Megatron-LM's --recompute-granularity; "selective" recomputes only the attention core,
-# which flash attention does anyway, so it costs as none.
-_RECOMPUTE = {"none": False, "": False, "selective": False, "full": True}
+# Megatron-LM's --recompute-granularity, as the cost model's recompute modes.
+_RECOMPUTE = {"none": "none", "": "none", "selective": "selective", "full": "full"}
 
 # The profile fields the fit moves, with their bounds. Bandwidth bounds are fractions of the
 # base profile's (its data sheet's): a fit cannot exceed the links it runs on.
@@ -112,7 +111,7 @@ class Run:
     pp: int
     packing: bool
     sequence_parallel: bool
-    recompute: bool
+    recompute: str               # "none", "selective" or "full"
     distributed_optimizer: bool
     padded_vocab: int
     untie_embeddings: bool

@@ -79,6 +79,9 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--adam-eps", "same"),
     _accepted("--seed", "same"),
     _accepted("--use-distributed-optimizer", "ZeRO-1 over the home layout's data-parallel group"),
+    _accepted("--recompute-granularity", "full or selective as Megatron-LM; auto: the planner chooses per phase"),
+    _accepted("--recompute-method", "uniform only (block is refused with a message)"),
+    _accepted("--recompute-num-layers", "layers per recomputed chunk under uniform"),
     # mixed precision
     _accepted("--bf16", "bf16 compute over fp32 master weights, optimizer state and gradients"),
     _accepted("--fp16", "fp16 compute over fp32 master weights, with dynamic loss scaling"),

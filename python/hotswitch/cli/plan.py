@@ -2,12 +2,14 @@
 
     python -m hotswitch.cli.plan --model llama-7b --gpus 32 --gpus-per-node 8 \\
         --hardware a800 --lengths FILE --global-batch 512 --max-context 32768 \\
-        [--long-sequences truncate|split|reject] [--steps N] [--plot FILE.png]
+        [--long-sequences truncate|split|reject] [--recompute auto|none|selective|full,...]
+        [--steps N] [--plot FILE.png]
 
 Lengths files hold one integer per line (tokens of one document). ``--hardware`` takes a
 preset name or a JSON file written by ``HardwareProfile.save`` (e.g. from
 ``python -m hotswitch.calibration``). Switch costs come from ``hotswitch.planner``; nothing
-runs on devices.
+runs on devices. ``--recompute`` lists the activation recomputation modes the planner may
+give a phase (``auto``: all three); each phase's choice is the table's ``recompute`` column.
 """
 
 import argparse
@@ -26,15 +28,17 @@ __all__ = ["main"]
 
 def _table(plan, planner) -> str:
     pieces = plan.pieces
-    rows = [f"{'phase':<6}{'layout':<12}{'seqs':>6}{'lengths':>14}{'micro-b':>9}{'pred s':>9}{'est s':>9}"
-            f"{'peak GiB':>9}{'switch in':>10}{'grad s':>9}  grad method"]
+    rows = [f"{'phase':<6}{'layout':<12}{'recompute':<10}{'seqs':>6}{'lengths':>14}{'micro-b':>9}{'pred s':>9}"
+            f"{'est s':>9}{'peak GiB':>9}{'switch in':>10}{'grad s':>9}  grad method"]
     for k, ph in enumerate(plan.phases):
         ls = [pieces[i].length for i in ph.sequences]
         mbs = sum(len(r) for r in ph.packing.micro_batches)
-        rows.append(f"{k:<6}{ph.layout.name:<12}{len(ls):>6}{f'{min(ls)}-{max(ls)}':>14}{mbs:>9}"
+        rows.append(f"{k:<6}{ph.layout.name:<12}{ph.recompute:<10}{len(ls):>6}{f'{min(ls)}-{max(ls)}':>14}{mbs:>9}"
                     f"{ph.cost.run_seconds:>9.3f}{ph.estimate_seconds:>9.3f}{ph.cost.peak_bytes / 2**30:>9.1f}"
                     f"{ph.switch_in_seconds:>10.3f}{ph.grad_seconds:>9.3f}  {ph.grad_method}")
     static = planner.candidates[plan.best_static_candidate].name
+    if plan.best_static_recompute != "none":
+        static += f" (recompute {plan.best_static_recompute})"
     order = " -> ".join(ph.layout.name for ph in plan.phases)
     rows.append(f"order {order} (home {planner.candidates[planner.home].name}); switch back {plan.switch_back_seconds:.3f} s; switching "
                 f"{switch_share(plan, planner):.3f} s of the step")
@@ -57,6 +61,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-context", type=int, default=32768, help="longest piece a layout must hold")
     parser.add_argument("--long-sequences", default="truncate", choices=["truncate", "split", "reject"],
                         help="what happens to sequences longer than --max-context")
+    parser.add_argument("--recompute", default="auto",
+                        help='activation recomputation the planner may choose per phase: "auto" (none, selective, '
+                             'full) or a list, e.g. "none" or "none,full"')
     parser.add_argument("--candidates", default="auto", help='"auto" or layouts, e.g. "dp8,dp2tp4,tp8"')
     parser.add_argument("--home", default=None, help="home layout (default: the best static layout for the "
                                                      "max context)")
@@ -73,6 +80,11 @@ def main(argv=None) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         if args.steps < 0:
             raise ValueError(f"--steps must be >= 0, got {args.steps}")
+        modes = ["none", "selective", "full"] if args.recompute == "auto" else \
+            [t.strip() for t in args.recompute.split(",") if t.strip()]
+        if not modes or any(m not in ("none", "selective", "full") for m in modes) or len(set(modes)) < len(modes):
+            raise ValueError(f"--recompute must be auto or a list of distinct none, selective, full; "
+                             f"got {args.recompute!r}")
         if args.plot is not None and not args.plot.endswith(".png"):
             raise ValueError(f"--plot must name a .png file, got {args.plot!r}")
         model = _C.ModelConfig.preset(args.model)
@@ -91,7 +103,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         parser.error(str(e))
 
-    options = dict(max_context=args.max_context, long_sequences=args.long_sequences)
+    options = dict(max_context=args.max_context, long_sequences=args.long_sequences, recompute=modes)
     t0 = time.perf_counter()
     rng = random.Random(args.seed)
     batch = rng.sample(lengths, args.global_batch) if len(lengths) >= args.global_batch else \
@@ -115,8 +127,8 @@ def main(argv=None) -> int:
         parser.error(str(e))
     elapsed = time.perf_counter() - t0
     print(_table(plan, planner))
-    print(f"planned in {elapsed * 1e3:.1f} ms ({plan.candidates_used} of {len(candidates)} layouts "
-          f"after dropping dominated ones)")
+    print(f"planned in {elapsed * 1e3:.1f} ms ({plan.candidates_used} of {len(candidates) * len(modes)} "
+          f"(layout, recompute) candidates after dropping dominated ones)")
     if args.plot:
         from hotswitch.analysis.plots import plot_step
         plot_step(plan, planner, args.plot)

@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--adam-eps", type=float, default=1e-8)
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over the home data group")
+    t.add_argument("--recompute-granularity", default=None,
+                   help="activation recomputation: full (each layer's forward reruns in the backward pass) or "
+                        "selective (only the attention core); auto: the planner chooses per phase")
+    t.add_argument("--recompute-method", default=None,
+                   help="with full: uniform (every layer, in chunks of --recompute-num-layers)")
+    t.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="with full and uniform: layers per recomputed chunk (default 1)")
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -196,6 +203,18 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     if args.max_position_embeddings < args.seq_length:
         parser.error(f"--max-position-embeddings({args.max_position_embeddings}) must be >= "
                      f"--seq-length({args.seq_length})")
+    if args.recompute_granularity is not None and args.recompute_granularity not in ("full", "selective", "auto"):
+        parser.error(f"--recompute-granularity must be full, selective or auto, got {args.recompute_granularity!r}")
+    if args.recompute_method is not None:
+        if args.recompute_granularity not in ("full", "auto"):
+            parser.error(f"--recompute-method {args.recompute_method} needs --recompute-granularity full")
+        if args.recompute_method != "uniform":
+            parser.error(f"--recompute-method must be uniform (every layer, in chunks), got {args.recompute_method!r}")
+    if args.recompute_num_layers is not None:
+        if args.recompute_num_layers < 1:
+            parser.error(f"--recompute-num-layers must be >= 1, got {args.recompute_num_layers}")
+        if args.recompute_method != "uniform":
+            parser.error(f"--recompute-num-layers {args.recompute_num_layers} needs --recompute-method uniform")
     if args.num_query_groups is None:
         args.num_query_groups = args.num_attention_heads
     if args.ffn_hidden_size is None:
@@ -240,7 +259,8 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
     ``--tensor-model-parallel-size``/``--pipeline-model-parallel-size`` give the static layout
     (dp = world / (tp * pp)) without ``--hot-switch``; with it, ``--candidate-layouts`` and
     ``--home-layout`` the planner's choices. ``--micro-batch-size`` times ``--seq-length``
-    caps a micro-batch's tokens; ``--use-distributed-optimizer`` is ZeRO-1."""
+    caps a micro-batch's tokens; ``--use-distributed-optimizer`` is ZeRO-1;
+    ``--recompute-granularity`` (and ``--recompute-num-layers``) the activation recomputation."""
     if args.hot_switch:
         home = args.home_layout
         candidates = "auto" if args.candidate_layouts == "auto" else \
@@ -255,7 +275,8 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         max_context=args.seq_length,
         max_tokens_per_micro_batch=None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length,
         zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate,
-        clip_grad=args.clip_grad or None, loss_scaling=loss_scaling(args))
+        clip_grad=args.clip_grad or None, loss_scaling=loss_scaling(args),
+        recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

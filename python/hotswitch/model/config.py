@@ -90,8 +90,9 @@ class TransformerConfig:
             num_query_groups=self.num_query_groups, vocab_size=self.vocab_size,
             tied_embedding=self.tied_embedding, dtype=self.dtype)
 
-    def cost_config(self, recompute: bool = False) -> "_C.ModelConfig":
-        """This model for the cost model (``hs.ModelConfig``)."""
+    def cost_config(self, recompute: str = "none") -> "_C.ModelConfig":
+        """This model for the cost model (``hs.ModelConfig``); ``recompute`` (``"none"``,
+        ``"selective"``, ``"full"``) is what its costs assume when a call names none."""
         return _C.ModelConfig(
             num_layers=self.num_layers, hidden_size=self.hidden_size,
             num_attention_heads=self.num_attention_heads, num_query_groups=self.num_query_groups,

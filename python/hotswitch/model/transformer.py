@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from hotswitch import _C
 from hotswitch.logging import get_logger
@@ -21,9 +22,32 @@ from hotswitch.model.layers import (Shard, apply_rotary, rms_norm, rotary_tables
                                     vocab_parallel_cross_entropy, vocab_parallel_embedding)
 from hotswitch.model.pipeline import StageFunctions, run_1f1b
 
-__all__ = ["ParallelTransformer", "TransformerLayer", "PackContext"]
+__all__ = ["RECOMPUTE_GRANULARITIES", "ParallelTransformer", "TransformerLayer", "PackContext"]
 
 _log = get_logger("model")
+
+# Megatron-LM's --recompute-granularity, and no recomputation.
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+
+
+def _recomputed(fn, *args):
+    """``fn(*args)`` keeping only ``args`` for the backward pass, which reruns ``fn`` first.
+    Non-reentrant checkpointing: it nests inside autograd functions and pipeline sends, and
+    the rerun restores the autocast state of the forward (torch 1.13's non-reentrant
+    checkpoint restores only CUDA's, so the state is entered inside ``fn`` as well)."""
+    device = args[0].device.type
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4: per device type
+        enabled, dtype = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+    elif device == "cpu":
+        enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    else:
+        enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+
+    def run(*xs):
+        with torch.autocast(device, dtype=dtype, enabled=enabled):
+            return fn(*xs)
+
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)
 
 
 class PackContext:
@@ -107,7 +131,8 @@ class TransformerLayer(nn.Module):
     ``x`` ``[Tp / tp, hidden]`` (the sequence-parallel slice) -> same shape:
     ``x + proj(attention(qkv(norm(x))))``, then ``x + down(silu(gate) * up)`` of the norm.
     ``qkv`` and ``gate_up`` are column-parallel (this rank's heads and FFN columns), ``proj``
-    and ``down`` row-parallel.
+    and ``down`` row-parallel. With ``recompute_attention`` (selective recomputation) the
+    attention core keeps only q, k and v for the backward pass and reruns in it.
     """
 
     def __init__(self, config: TransformerConfig, tp: int, shards: Dict[str, torch.Tensor], prefix: str):
@@ -119,6 +144,7 @@ class TransformerLayer(nn.Module):
         self.heads = config.num_attention_heads // tp
         self.kv_heads = config.num_query_groups // tp
         self.compute_dtype = getattr(torch, config.compute_dtype or config.dtype)
+        self.recompute_attention = False
 
     def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
         d, hq, hkv = self.head_dim, self.heads, self.kv_heads
@@ -127,7 +153,12 @@ class TransformerLayer(nn.Module):
         q, k, v = F.linear(h, self.qkv.weight).split([hq * d, hkv * d, hkv * d], dim=-1)
         q = apply_rotary(q.reshape(-1, hq, d), ctx.cos, ctx.sin)
         k = apply_rotary(k.reshape(-1, hkv, d), ctx.cos, ctx.sin)
-        o = ctx.attention(q, k, v.reshape(-1, hkv, d)).reshape(-1, hq * d)
+        v = v.reshape(-1, hkv, d)
+        if self.recompute_attention and torch.is_grad_enabled():
+            o = _recomputed(ctx.attention, q, k, v)
+        else:
+            o = ctx.attention(q, k, v)
+        o = o.reshape(-1, hq * d)
         x = x + region.scatter(F.linear(o, self.proj.weight))
         h = region.gather(rms_norm(x, self.post_norm.weight, self.eps).to(self.compute_dtype))
         gate, up = F.linear(h, self.gate_up.weight).chunk(2, dim=-1)
@@ -158,6 +189,13 @@ class ParallelTransformer(nn.Module):
     ``attention``: the attention kernel (``hotswitch.model.attention.KERNELS``); default the
     best that runs on this device and compute dtype (``select_kernel``, logged once).
 
+    ``recompute`` (settable between steps): activation recomputation, Megatron-LM's
+    ``--recompute-granularity``. ``"none"``; ``"selective"``: each layer's attention core
+    (softmax(QK^T)V) reruns in the backward pass instead of keeping its activations;
+    ``"full"``: only the input of every chunk of ``recompute_num_layers`` consecutive layers
+    is kept and the chunk's forward reruns in the backward pass (``--recompute-method
+    uniform``). Gradients are the same as without; only memory and time change.
+
     Raises ``ValueError`` (before any collective) when the config does not fit the layout,
     ``groups`` belong to another layout, ``shards`` do not match the placement, or the
     attention kernel does not run here.
@@ -165,11 +203,16 @@ class ParallelTransformer(nn.Module):
 
     def __init__(self, config: TransformerConfig, layout: "_C.Layout", groups: ParallelGroups,
                  seed: int = 0, shards: Optional[Dict[str, torch.Tensor]] = None,
-                 attention: Optional[str] = None):
+                 attention: Optional[str] = None, recompute: str = "none", recompute_num_layers: int = 1):
         super().__init__()
         if not isinstance(config, TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
         config.validate(layout)
+        if recompute not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_GRANULARITIES)}, got {recompute!r}")
+        if isinstance(recompute_num_layers, bool) or not isinstance(recompute_num_layers, int) or \
+                recompute_num_layers < 1:
+            raise ValueError(f"recompute_num_layers must be an int >= 1, got {recompute_num_layers!r}")
         if not isinstance(groups, ParallelGroups):
             raise ValueError(f"groups must be hotswitch.ParallelGroups, got {type(groups).__name__}")
         if groups.layout != layout:
@@ -214,6 +257,21 @@ class ParallelTransformer(nn.Module):
         self._tp_partial = [n for n in names if n.endswith("norm.weight")] if layout.tp > 1 else []
         self._finished: Dict[str, torch.Tensor] = {}
         self._pending = False
+        self.recompute_num_layers = recompute_num_layers
+        self.recompute = recompute
+
+    @property
+    def recompute(self) -> str:
+        """``"none"``, ``"selective"`` or ``"full"`` (see the class)."""
+        return self._recompute
+
+    @recompute.setter
+    def recompute(self, value: str) -> None:
+        if value not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_GRANULARITIES)}, got {value!r}")
+        self._recompute = value
+        for layer in self.layers.values():
+            layer.recompute_attention = value == "selective"
 
     # ------------------------------------------------------------------ shards
     def _check_shards(self, shards) -> None:
@@ -278,14 +336,23 @@ class ParallelTransformer(nn.Module):
         g, cfg = self.groups, self.config
         if g.is_first_stage:
             x = self._region.scatter(vocab_parallel_embedding(ctx.tokens, self.embedding.weight, self.vocab_start))
-        for i in self.layer_ids:
-            x = self.layers[str(i)](x, ctx, self._region)
+        if self._recompute == "full" and torch.is_grad_enabled():
+            for start in range(0, len(self.layer_ids), self.recompute_num_layers):
+                chunk = [self.layers[str(i)] for i in self.layer_ids[start:start + self.recompute_num_layers]]
+                x = _recomputed(lambda y, chunk=chunk: self._run_layers(chunk, y, ctx), x)
+        else:
+            x = self._run_layers([self.layers[str(i)] for i in self.layer_ids], x, ctx)
         if not g.is_last_stage:
             return x
         h = self._region.gather(rms_norm(x, self.final_norm.weight, cfg.norm_eps))
         head = self.embedding.weight if cfg.tied_embedding else self.head.weight
         losses = vocab_parallel_cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group)
         return (losses * ctx.weights).sum()
+
+    def _run_layers(self, layers, x: torch.Tensor, ctx: PackContext) -> torch.Tensor:
+        for layer in layers:
+            x = layer(x, ctx, self._region)
+        return x
 
     def _check_batches(self, micro_batches, loss_scale) -> None:
         if not isinstance(micro_batches, (list, tuple)):

@@ -21,10 +21,10 @@ def lengths_file(tmp_path):
     return str(path)
 
 _NUM = r"(\d+(?:\.\d+)?)"
-# phase, layout, seqs, min-max length, micro-batches, then pred s, est s, peak GiB, switch in,
-# grad s, and the grad method.
-_PHASE = re.compile(r"^(\d+)\s+(\S+)\s+(\d+)\s+(\d+)-(\d+)\s+(\d+)" + "".join(r"\s+" + _NUM for _ in range(5))
-                    + r"\s+(local|reduce|partial)$")
+# phase, layout, recompute, seqs, min-max length, micro-batches, then pred s, est s, peak GiB,
+# switch in, grad s, and the grad method.
+_PHASE = re.compile(r"^(\d+)\s+(\S+)\s+(none|selective|full)\s+(\d+)\s+(\d+)-(\d+)\s+(\d+)"
+                    + "".join(r"\s+" + _NUM for _ in range(5)) + r"\s+(local|reduce|partial)$")
 _ORDER = re.compile(r"^order (.+) \(home (\S+)\); switch back " + _NUM + r" s; switching " + _NUM
                     + r" s of the step$")
 _STEP = re.compile(r"^predicted step " + _NUM + r" s \(objective " + _NUM + r" s\); best static (\S+): "
@@ -43,11 +43,12 @@ def _match(pattern, lines):
 def test_plans_one_step_and_simulates(lengths_file, capsys):
     # The batch is the whole file (128 lengths): short ones on dp8, the long ones need tp.
     assert cli.main(["--gpus", "8", "--lengths", lengths_file, "--global-batch", "128", "--home", "dp8",
-                     "--candidates", "dp8,dp2tp4,tp8", "--steps", "2"]) == 0
+                     "--candidates", "dp8,dp2tp4,tp8", "--steps", "2", "--recompute", "none"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["phase", "layout", "seqs", "lengths", "micro-b", "pred", "s", "est", "s", "peak",
+    assert lines[0].split() == ["phase", "layout", "recompute", "seqs", "lengths", "micro-b", "pred", "s", "est", "s", "peak",
                                 "GiB", "switch", "in", "grad", "s", "grad", "method"]
-    phases = [m.groups() for m in map(_PHASE.match, lines) if m]
+    phases = [m.groups()[:2] + m.groups()[3:] for m in map(_PHASE.match, lines) if m]
+    assert all(m.group(3) == "none" for m in map(_PHASE.match, lines) if m)
     assert phases and [int(p[0]) for p in phases] == list(range(len(phases)))
     order = _match(_ORDER, lines)
     step = _match(_STEP, lines)
@@ -164,6 +165,8 @@ def test_switch_costs_from_plans_and_estimates_agree():
     (["--candidates", "dp1tp8", "--home", "dp8"], "--home dp8 is not among"),
     (["--steps", "-1"], "--steps must be >= 0"),
     (["--plot", "out.svg"], "--plot must name a .png file"),
+    (["--recompute", "block"], "--recompute must be auto or a list of distinct none, selective, full; got 'block'"),
+    (["--recompute", "full,full"], "got 'full,full'"),
 ])
 def test_bad_arguments_exit_with_the_value(lengths_file, capsys, args, needle):
     with pytest.raises(SystemExit) as info:
@@ -199,3 +202,25 @@ def test_bad_profile_files_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="memory_bytes must be > 0"):
         profile.memory_bytes = 0
     assert profile.memory_bytes == 80 << 30
+
+
+def test_recompute_lets_a_long_context_plan_and_only_its_phase_pays(tmp_path, capsys):
+    # LLaMA-32B's 52 heads allow tp <= 4 on 32 GPUs; without recomputation no layout holds
+    # 32K tokens on an a800; with it the long bucket recomputes and the short ones do not.
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(str(n) for n in [300, 500, 1000, 2048, 4000] * 100 + [32768] * 4) + "\n")
+    args = ["--model", "llama-32b", "--gpus", "32", "--gpus-per-node", "8", "--hardware", "a800",
+            "--max-context", "32768", "--lengths", str(path), "--global-batch", "504", "--switch-costs", "estimate"]
+    with pytest.raises(SystemExit) as info:
+        cli.main(args + ["--recompute", "none"])
+    assert info.value.code == 2
+    assert "fits no candidate layout; the longest that fits is" in capsys.readouterr().err
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    phases = [m.groups() for m in map(_PHASE.match, lines) if m]
+    assert phases
+    longest = next(p for p in phases if int(p[5]) == 32768)
+    assert longest[2] != "none"
+    assert any(p[2] == "none" for p in phases), phases  # short buckets skip recomputation
+    for p in phases:
+        assert 0 < float(p[9]) <= 80  # peak GiB within an a800
