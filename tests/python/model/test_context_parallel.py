@@ -121,3 +121,30 @@ def test_config_accepts_context_parallel_layouts():
     cfg = hs.TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2,
                                ffn_hidden_size=64, vocab_size=64, max_position_embeddings=64)
     cfg.validate(hs.Layout.parse("dp2cp2"))
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_context_attention_equals_pack_attention_row_by_row(cp):
+    # Every cp rank's part, with the gather played by concatenating the parts in one process.
+    from hotswitch.model.attention import PackAttention
+    from hotswitch.model.context import ContextAttention
+    gen = torch.Generator().manual_seed(3)
+    lengths = [1, 97, 13, 2 * cp * CP_MIN_CHUNK, 5, 64]
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    t, hq, hkv, d = int(cu[-1]), 6, 2, 8
+    q, k, v = (torch.randn(t, h, d, generator=gen) for h in (hq, hkv, hkv))
+    expected = PackAttention(cu, "grouped", hq, torch.device("cpu"))(q, k, v)
+    splits = [ContextSplit(cu, cp, r, multiple=2) for r in range(cp)]
+
+    def local(x, sp):
+        out = x.new_zeros((sp.rows,) + tuple(x.shape[1:]))
+        mine = sp.index >= 0
+        out[mine] = x[sp.index[mine]]
+        return out
+
+    kv = torch.cat([torch.cat([local(k, sp), local(v, sp)], dim=1).reshape(sp.rows, -1) for sp in splits])
+    for sp in splits:
+        out = ContextAttention(sp, lambda x: kv)(local(q, sp), local(k, sp), local(v, sp))
+        mine = sp.index >= 0
+        assert torch.allclose(out[mine], expected[sp.index[mine]], atol=1e-6), cp
+        assert not out[~mine].any()
