@@ -1,10 +1,10 @@
 """Parity and throughput of the parallel transformer under static layouts.
 
 A small LLaMA-style model (fp32) trains N steps of AdamW on the same long-tailed packed
-batches under each layout of 4 gloo ranks (dp4, tp4, pp4, dp2tp2, dp2pp2, tp2pp2) and, as
-the reference, the same code at world 1. Reported: the largest absolute weight difference
-against the reference after N steps (every rank's shards against the reference cut by the
-same placement), the largest relative loss difference over the steps, and each layout's
+batches under each layout of 4 gloo ranks (dp4, tp4, pp4, dp2tp2, dp2pp2, tp2pp2, and with
+context parallelism cp4, dp2cp2, tp2cp2, cp2pp2) and, as the reference, the same code at
+world 1. Reported: the largest absolute weight difference against the reference after N
+steps (every rank's shards against the reference cut by the same placement), the largest relative loss difference over the steps, and each layout's
 training throughput (tokens of the global batch per second of step time, the first step
 left out when N > 1; every rank runs one thread, 4 ranks share this machine's cores).
 
@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 import hotswitch as hs
 from hotswitch.testing.reference import StaticTrainer
 
-LAYOUTS = ["dp4", "tp4", "pp4", "dp2tp2", "dp2pp2", "tp2pp2"]
+LAYOUTS = ["dp4", "tp4", "pp4", "dp2tp2", "dp2pp2", "tp2pp2", "cp4", "dp2cp2", "tp2cp2", "cp2pp2"]
 MODEL = dict(num_layers=4, hidden_size=128, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=352,
              vocab_size=512, max_position_embeddings=256)
 SEQUENCES_PER_BATCH = 16

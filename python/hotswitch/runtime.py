@@ -172,16 +172,17 @@ class Runtime:
         zero, seed = s.zero, s.seed
 
         self.candidates = check_candidates(config, self.world, s.candidates)
+        self._plan_candidates, self._plan_topology = self._planning_view()
         hardware = HardwareProfile.preset("a100") if s.hardware is None else s.hardware
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
         self.hardware = hardware
-        self.cost = CostModel(config.cost_config(), hardware, self.topology, zero=zero)
+        self.cost = CostModel(config.cost_config(), hardware, self._plan_topology, zero=zero)
         self.home_placement = "zero" if zero else "sharded"  # of the master weights and accumulator
         # The recompute modes the planner may give a phase (RuntimeConfig.recompute).
         self.recompute_modes = ["none", "selective", "full"] if s.recompute == "auto" else [s.recompute]
         n = len(self.candidates)
-        free = Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
+        free = Planner(self.cost, self._plan_candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
                        recompute=self.recompute_modes)
         longest = max(free.micro_batch_budget(i) for i in range(n))
         if longest < max_context:
@@ -214,7 +215,9 @@ class Runtime:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         self.prediction_errors: List[float] = []
-        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if s.recalibrate else None
+        # The calibration fits the cost model's layouts, which cover cp == 1 only.
+        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) \
+            if s.recalibrate and self._plan_topology is self.topology else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._overhead_s = 0.0
         self._owned = None  # the accumulator's pieces this rank counts in the gradient norm
@@ -223,6 +226,30 @@ class Runtime:
         self.skipped = 0  # steps without an optimizer update: the learning-rate schedule does not count them
 
     # ----------------------------------------------------------------------------- set-up
+
+    def _planning_view(self):
+        """The layouts and topology the planner sees. The cost model and planner cover cp == 1
+        only, so a layout with cp > 1 runs alone (a static run) and is planned as its
+        counterpart without cp on ``world / cp`` ranks: the same data replicas, stages and TP
+        groups, hence the same packing per replica; its predicted times and memory ignore the
+        split over cp (memory is over-estimated). Returns (layouts, topology)."""
+        cp_layouts = [l.name for l in self.candidates if l.cp > 1]
+        if not cp_layouts:
+            return self.candidates, self.topology
+        if len(self.candidates) > 1:
+            raise ValueError(f"candidate layouts {[l.name for l in self.candidates]}: a layout with cp > 1 "
+                             f"({', '.join(cp_layouts)}) runs alone, as a static run; the cost model and planner "
+                             f"weigh layouts with cp == 1 only")
+        layout = self.candidates[0]
+        world = self.world // layout.cp
+        per_node = self.topology.ranks_per_node
+        per_node = per_node // layout.cp if per_node % layout.cp == 0 else world
+        return [Layout(dp=layout.dp, tp=layout.tp, pp=layout.pp)], _C.Topology(world, per_node)
+
+    def _run_layout(self, planned) -> "_C.Layout":
+        """The layout a phase runs under, from the planner's layout (``_planning_view``)."""
+        names = [l.name for l in self._plan_candidates]
+        return self.candidates[names.index(planned.name)]
 
     def _home(self, home, free) -> "_C.Layout":
         names = [l.name for l in self.candidates]
@@ -255,7 +282,7 @@ class Runtime:
             reduced = [_NEVER_S if r else 0.0 for r in reduced]
         elif self.grad_method == "reduce":
             partial = None
-        return Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
+        return Planner(cost or self.cost, self._plan_candidates, home, params, reduced, partial,
                           max_context=self.max_context,
                           max_tokens_per_micro_batch=self.max_tokens_per_micro_batch or 0,
                           recompute=self.recompute_modes)
@@ -396,7 +423,7 @@ class Runtime:
         phases: List[PhaseResult] = []
         current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
         for k, ph in enumerate(plan.phases):
-            layout = ph.layout
+            layout = self._run_layout(ph.layout)
             t0 = time.perf_counter()
             params, moved = self._enter(k, layout, current, current_layout)
             switch_s = time.perf_counter() - t0
@@ -407,14 +434,14 @@ class Runtime:
 
             coord = self.groups[layout.name]
             self._stage = (f"phase {k} ({layout.name}): forward and backward of data replica {coord.dp_rank} "
-                           f"(tp ranks {coord.tp_ranks}, pp ranks {coord.pp_ranks})")
+                           f"(tp ranks {coord.tp_ranks}, pp ranks {coord.pp_ranks}, cp ranks {coord.cp_ranks})")
             mbs = [MicroBatch.from_sequences([tensors[i] for i in mb])
                    for mb in ph.packing.micro_batches[coord.dp_rank]]
             t0 = time.perf_counter()
             replica_loss, _ = model.forward_backward(mbs, loss_scale, before_forward=self._before_forward)
             model.finish_gradients()
             compute_s = time.perf_counter() - t0
-            if coord.tp_rank == 0 and coord.pp_rank == 0:
+            if coord.tp_rank == 0 and coord.pp_rank == 0 and coord.cp_rank == 0:
                 loss_sum += float(replica_loss)
 
             t0 = time.perf_counter()
@@ -567,7 +594,7 @@ class Runtime:
         loss_sum = torch.zeros(1, dtype=torch.float64)
         current, current_layout = None, None
         for k, ph in enumerate(plan.phases):
-            layout = ph.layout
+            layout = self._run_layout(ph.layout)
             params, _ = self._enter(k, layout, current, current_layout)
             model = self._model(layout, params)
             current, current_layout = params, layout
@@ -575,7 +602,7 @@ class Runtime:
             self._stage = f"evaluation phase {k} ({layout.name}): forward of data replica {coord.dp_rank}"
             mbs = [MicroBatch.from_sequences([tensors[i] for i in mb]) for mb in ph.packing.micro_batches[coord.dp_rank]]
             replica_loss, _ = model.forward_loss(mbs)
-            if coord.tp_rank == 0 and coord.pp_rank == 0:
+            if coord.tp_rank == 0 and coord.pp_rank == 0 and coord.cp_rank == 0:
                 loss_sum += replica_loss
         if current_layout is not None:
             self._release(self._models[current_layout.name])
@@ -640,7 +667,7 @@ class Runtime:
         hardware = _C.HardwareProfile.from_dict(fields)
         self.hardware = hardware
         self._switch_scale, self._overhead_s = values[-2], values[-1]
-        self.cost = CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero)
+        self.cost = CostModel(self.config.cost_config(), hardware, self._plan_topology, zero=self.zero)
         self.planner = self._build_planner()
         self._fit_vector = None
 

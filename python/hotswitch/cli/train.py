@@ -8,8 +8,8 @@ statically or with hot switching.
 
 Arguments follow Megatron-LM's names; those of Megatron-LM that change nothing here are
 ignored with a warning, those it cannot honour are refused (hotswitch.cli.megatron_args).
-Without ``--hot-switch`` the run is static: one layout, dp = world / (tp * pp), from
-``--tensor-model-parallel-size`` and ``--pipeline-model-parallel-size``. With it, every step
+Without ``--hot-switch`` the run is static: one layout, dp = world / (tp * pp * cp), from
+``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size`` and ``--context-parallel-size``. With it, every step
 is planned over the candidate layouts. Gloo on CPU, NCCL when CUDA is available.
 """
 
@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    par.add_argument("--context-parallel-size", type=int, default=1,
+                     help="split every sequence over this many ranks (static runs)")
     par.add_argument("--hot-switch", action="store_true", help="plan a layout per bucket of every step")
     par.add_argument("--candidate-layouts", default="auto", help='"auto" or e.g. "dp4,dp2tp2,tp2pp2"')
     par.add_argument("--home-layout", default=None, help="layout of the master weights (default: chosen)")
@@ -165,7 +167,7 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error(f"--min-loss-scale({args.min_loss_scale}) must be <= --initial-loss-scale"
                      f"({args.initial_loss_scale})")
     positive = ["num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
-                "train_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                "train_iters", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                 "make_vocab_size_divisible_by", "log_interval", "loss_scale_window", "hysteresis"]
     for name in positive:
         if getattr(args, name) < 1:
@@ -237,9 +239,13 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         args.schedule = learning_rate_schedule(args)
     except ValueError as e:
         parser.error(str(e))
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if world is not None and not args.hot_switch and world % (tp * pp):
-        parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) model parallel size")
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    if args.hot_switch and cp != 1:
+        parser.error(f"--context-parallel-size({cp}) applies to static runs; with --hot-switch name cp layouts "
+                     f"in --candidate-layouts")
+    if world is not None and not args.hot_switch and world % (tp * pp * cp):
+        parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) * context({cp}) "
+                     f"parallel size")
     return args
 
 
@@ -256,8 +262,8 @@ def learning_rate_schedule(args: argparse.Namespace) -> LearningRateSchedule:
 def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
     """Megatron-LM's arguments as the runtime's settings: the one place they meet.
 
-    ``--tensor-model-parallel-size``/``--pipeline-model-parallel-size`` give the static layout
-    (dp = world / (tp * pp)) without ``--hot-switch``; with it, ``--candidate-layouts`` and
+    ``--tensor-model-parallel-size``/``--pipeline-model-parallel-size``/``--context-parallel-size``
+    give the static layout (dp = world / (tp * pp * cp)) without ``--hot-switch``; with it, ``--candidate-layouts`` and
     ``--home-layout`` the planner's choices. ``--micro-batch-size`` times ``--seq-length``
     caps a micro-batch's tokens; ``--use-distributed-optimizer`` is ZeRO-1;
     ``--recompute-granularity`` (and ``--recompute-num-layers``) the activation recomputation."""
@@ -266,8 +272,8 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         candidates = "auto" if args.candidate_layouts == "auto" else \
             [Layout.parse(n.strip()) for n in args.candidate_layouts.split(",") if n.strip()]
     else:
-        tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-        home = Layout(dp=world // (tp * pp), tp=tp, pp=pp)
+        tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+        home = Layout(dp=world // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
         candidates = [home]
     return RuntimeConfig(
         candidates=candidates, home=home, hardware=load_hardware(args.hardware),

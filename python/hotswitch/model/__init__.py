@@ -1,4 +1,4 @@
-"""The parallel model: a LLaMA-style decoder whose TP, PP and DP execution follows a layout.
+"""The parallel model: a LLaMA-style decoder whose TP, CP, PP and DP execution follows a layout.
 
 ``TransformerConfig`` describes the model; ``ParallelGroups`` makes a layout's process
 groups; ``ParallelTransformer`` holds this rank's shards and runs micro-batches

@@ -104,9 +104,6 @@ class TransformerConfig:
         ``layout``. Local: no collective, so every rank raises the same error on its own."""
         if not isinstance(layout, _C.Layout):
             raise ValueError(f"layout must be a hotswitch.Layout, got {type(layout).__name__}")
-        if layout.cp != 1:
-            raise ValueError(f"layout {layout} has cp({layout.cp}); the model runs without context "
-                             f"parallelism (cp must be 1)")
         tp, pp = layout.tp, layout.pp
         checks = [
             ("num_attention_heads", self.num_attention_heads, "tp", tp),

@@ -48,9 +48,14 @@ class ParallelGroups:
     """The process groups of one layout, and where this rank sits in it.
 
     Axes (docs/architecture.md): ``tp`` ranks split each layer's matrices (and, with sequence
-    parallelism, the tokens of the norm regions); ``pp`` ranks hold consecutive layer
-    stages; ``dp`` ranks are data replicas. ``tied`` joins the first and last pipeline stage
-    of one (dp, tp) coordinate, which both hold a tied embedding (only when pp > 1).
+    parallelism, the tokens of the norm regions); ``cp`` ranks split the tokens of every
+    sequence of a pack (context parallelism) and hold the same parameters; ``pp`` ranks hold
+    consecutive layer stages; ``dp`` ranks are data replicas. The ``data`` group of a rank is
+    its dp x cp group: the ranks that hold the same shards, over which gradients are summed
+    and ZeRO chunks spread (``data_rank``, the layout's data index, is dp coordinate * cp +
+    cp coordinate). ``tied`` joins the first and last pipeline stage of one (dp, tp, cp)
+    coordinate, which both hold a tied embedding (only when pp > 1). Every group follows the
+    layout's rank order (``Layout.coord``), the order the switch engine places shards by.
 
     Construction is collective over the default process group: every process builds the
     groups of the same layouts in the same order (``dist.new_group`` requires it). Groups
@@ -60,11 +65,15 @@ class ParallelGroups:
     follow the process group's own timeout).
 
     Attributes: ``layout``, ``rank`` (this rank in ``group``), ``coord`` (``{"dp", "tp",
-    "pp", "cp"}`` indices), ``tp_rank``/``pp_rank``/``dp_rank``, ``tp_group``/``pp_group``/
-    ``dp_group``/``tied_group`` (``None`` when the axis has one rank, or, for ``tied``, when
-    this rank holds no tied copy), ``tp_ranks``/``pp_ranks``/``dp_ranks``/``tied_ranks``
-    (global ranks of this rank's groups, by axis index), ``backend``, ``device`` (the
-    current CUDA device under NCCL, else the CPU) and ``timeout``.
+    "pp", "cp"}`` indices), ``tp_rank``/``pp_rank``/``dp_rank``/``cp_rank``/``data_rank``,
+    ``tp_group``/``pp_group``/``dp_group``/``cp_group``/``data_group``/``tied_group``
+    (``None`` when the group has one rank, or, for ``tied``, when this rank holds no tied
+    copy), ``tp_ranks``/``pp_ranks``/``dp_ranks``/``cp_ranks``/``data_ranks``/``tied_ranks``
+    (global ranks of this rank's groups, by axis index; ``data_ranks`` by data index),
+    ``data_order`` (the data index of each member of ``data_group`` in its group-rank order:
+    torch orders a group's members by global rank, which differs from the data index when
+    dp varies faster than cp), ``backend``, ``device`` (the current CUDA device under NCCL,
+    else the CPU) and ``timeout``.
     """
 
     def __init__(self, layout: "_C.Layout", group: Optional[object] = None, timeout: float = 300.0):
@@ -82,9 +91,6 @@ class ParallelGroups:
         if layout.world != world:
             raise ValueError(f"layout {layout} has dp({layout.dp}) * tp({layout.tp}) * pp({layout.pp}) "
                              f"* cp({layout.cp}) = {layout.world} ranks != world({world}) of the group")
-        if layout.cp != 1:
-            raise ValueError(f"layout {layout} has cp({layout.cp}); the model runs without context "
-                             f"parallelism (cp must be 1)")
         self.layout = layout
         self.timeout = float(timeout)
         self.rank = rank
@@ -94,6 +100,8 @@ class ParallelGroups:
                        else torch.device("cpu"))
         self.coord = dict(layout.coord(rank))
         self.tp_rank, self.pp_rank, self.dp_rank = self.coord["tp"], self.coord["pp"], self.coord["dp"]
+        self.cp_rank = self.coord["cp"]
+        self.data_rank = layout.data_index(rank)
         glob = global_ranks(base)
         self.global_rank = glob[rank]
 
@@ -111,14 +119,27 @@ class ParallelGroups:
         self.tp_group, self.tp_ranks = build(layout.groups("tp"))
         self.pp_group, self.pp_ranks = build(layout.groups("pp"))
         self.dp_group, self.dp_ranks = build(layout.groups("dp"))
+        self.cp_group, self.cp_ranks = build(layout.groups("cp"))
+        data_groups, seen = [], set()
+        for r in range(world):
+            members = layout.data_group(r)
+            if min(members) not in seen:
+                seen.add(min(members))
+                data_groups.append(members)
+        data_groups.sort(key=min)
+        self.data_group, self.data_ranks = build(data_groups)
+        mine = layout.data_group(rank)
+        self.data_order = [mine.index(r) for r in sorted(mine)]
         tied = []
         if layout.pp > 1:
             for d in range(layout.dp):
                 for t in range(layout.tp):
-                    tied.append([layout.rank(dp=d, tp=t, pp=0), layout.rank(dp=d, tp=t, pp=layout.pp - 1)])
+                    for c in range(layout.cp):
+                        tied.append([layout.rank(dp=d, tp=t, pp=0, cp=c),
+                                     layout.rank(dp=d, tp=t, pp=layout.pp - 1, cp=c)])
         self.tied_group, self.tied_ranks = build(tied)
-        _log.debug("rank %d: groups of %s: tp %s pp %s dp %s", rank, layout, self.tp_ranks,
-                   self.pp_ranks, self.dp_ranks)
+        _log.debug("rank %d: groups of %s: tp %s pp %s dp %s cp %s", rank, layout, self.tp_ranks,
+                   self.pp_ranks, self.dp_ranks, self.cp_ranks)
 
     @property
     def tp(self) -> int:
@@ -131,6 +152,14 @@ class ParallelGroups:
     @property
     def dp(self) -> int:
         return self.layout.dp
+
+    @property
+    def cp(self) -> int:
+        return self.layout.cp
+
+    @property
+    def data_size(self) -> int:
+        return self.layout.dp * self.layout.cp
 
     @property
     def is_first_stage(self) -> bool:

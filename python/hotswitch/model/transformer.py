@@ -16,6 +16,7 @@ from hotswitch.model.batch import MicroBatch
 from hotswitch.model.comm import (all_gather_rows, all_reduce, exchange, gather_from_sequence,
                                   reduce_scatter_rows, scatter_to_sequence)
 from hotswitch.model.config import TransformerConfig
+from hotswitch.model.context import ContextAttention, ContextSplit
 from hotswitch.model.groups import ParallelGroups
 from hotswitch.model.init import init_shards
 from hotswitch.model.layers import (Shard, apply_rotary, rms_norm, rotary_tables,
@@ -58,13 +59,24 @@ class PackContext:
     per layer), and the targets. Built with tensor operations only, whatever the number of
     sequences.
 
+    Under ``cp > 1`` (``cp_gather``: the autograd all-gather over the cp group) this rank
+    holds only its part of every sequence (``hotswitch.model.context``): the rows are its
+    tokens, padded to the cp group's common row count, a multiple of ``tp``; positions and
+    targets are those of each token in its own sequence, and attention is
+    ``ContextAttention`` over the gathered keys and values.
+
     ``tokens``/``targets`` int64 ``[Tp]``, ``weights`` ``[Tp]`` (1 where a token has a
     target, else 0), ``rows = Tp / tp`` (the sequence-parallel slice each TP rank holds).
+    ``num_targets`` counts the whole pack's targets (over all cp ranks).
     """
 
     def __init__(self, mb: MicroBatch, config: TransformerConfig, tp: int, device: torch.device,
-                 kernel: str = "grouped"):
+                 kernel: str = "grouped", cp: int = 1, cp_rank: int = 0, cp_gather=None):
         n = mb.num_tokens
+        self.num_targets = mb.num_targets
+        if cp > 1:
+            self._init_context(mb, config, tp, device, cp, cp_rank, cp_gather)
+            return
         padded = -(-n // tp) * tp
         cu = mb.cu_seqlens
         if padded > n:
@@ -72,7 +84,6 @@ class PackContext:
         lengths = cu[1:] - cu[:-1]
         self.num_tokens = padded
         self.rows = padded // tp
-        self.num_targets = mb.num_targets
         tokens = torch.zeros(padded, dtype=torch.int64)
         tokens[:n] = mb.tokens
         positions = torch.arange(padded, dtype=torch.int64) - torch.repeat_interleave(cu[:-1], lengths)
@@ -87,6 +98,31 @@ class PackContext:
         self.cos, self.sin = rotary_tables(positions.to(device), config.head_dim, config.rope_theta,
                                            getattr(torch, config.dtype))
         self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
+
+    def _init_context(self, mb, config, tp, device, cp, cp_rank, cp_gather) -> None:
+        n = mb.num_tokens
+        split = ContextSplit(mb.cu_seqlens, cp, cp_rank, multiple=tp)
+        rows = split.rows
+        index = split.index
+        local = index >= 0
+        pack_targets = torch.zeros(n, dtype=torch.int64)
+        pack_targets[:n - 1] = mb.tokens[1:]
+        pack_weights = torch.ones(n, dtype=torch.float32)
+        pack_weights[mb.cu_seqlens[1:] - 1] = 0.0
+        tokens = torch.zeros(rows, dtype=torch.int64)
+        targets = torch.zeros(rows, dtype=torch.int64)
+        weights = torch.zeros(rows, dtype=torch.float32)
+        tokens[local] = mb.tokens[index[local]]
+        targets[local] = pack_targets[index[local]]
+        weights[local] = pack_weights[index[local]]
+        self.num_tokens = rows
+        self.rows = rows // tp
+        self.tokens = tokens.to(device)
+        self.targets = targets.to(device)
+        self.weights = weights.to(device)
+        self.cos, self.sin = rotary_tables(split.positions.to(device), config.head_dim, config.rope_theta,
+                                           getattr(torch, config.dtype))
+        self.attention = ContextAttention(split.to(device), cp_gather)
 
 
 def autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
@@ -106,11 +142,13 @@ def autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
 
 
 class _Region:
-    """The tensor-parallel group of a stage, for the layers' collectives. Gloo gathers and
+    """The tensor-parallel (or, with ``axis="cp"``, context-parallel) group of a stage, for
+    the layers' collectives. Gloo gathers and
     reduces no bf16: there 16-bit activations travel as fp32 (NCCL moves them as they are)."""
 
-    def __init__(self, groups: ParallelGroups):
-        self.group, self.size, self.index = groups.tp_group, groups.tp, groups.tp_rank
+    def __init__(self, groups: ParallelGroups, axis: str = "tp"):
+        self.group = getattr(groups, axis + "_group")
+        self.size, self.index = getattr(groups, axis), getattr(groups, axis + "_rank")
         self.widen = groups.backend == "gloo"
 
     def _run(self, fn, x):
@@ -248,6 +286,7 @@ class ParallelTransformer(nn.Module):
                 self.head = Shard(shards["head.weight"])
         self.vocab_start = groups.tp_rank * (config.vocab_size // layout.tp)
         self._region = _Region(groups)
+        self._context = _Region(groups, "cp")
         names = list(self._expected)
         params = dict(self.named_parameters())
         if sorted(params) != sorted(names):
@@ -354,6 +393,20 @@ class ParallelTransformer(nn.Module):
             x = layer(x, ctx, self._region)
         return x
 
+    def _contexts(self, micro_batches, kernel: str):
+        g = self.groups
+        return [PackContext(mb, self.config, self.layout.tp, self.device, kernel, cp=self.layout.cp,
+                            cp_rank=g.cp_rank, cp_gather=self._context.gather) for mb in micro_batches]
+
+    def _replica_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss of this cp rank's tokens -> the replica's loss, on every
+        stage and cp rank: broadcast from the last stage, summed over the cp group."""
+        g = self.groups
+        loss_sum = loss_sum.reshape(1)
+        if g.pp_group is not None:
+            dist.broadcast(loss_sum, src=g.pp_ranks[-1], group=g.pp_group)
+        return all_reduce(loss_sum, g.cp_group)
+
     def _check_batches(self, micro_batches, loss_scale) -> None:
         if not isinstance(micro_batches, (list, tuple)):
             raise ValueError(f"micro_batches must be a list of hotswitch.MicroBatch, got "
@@ -382,7 +435,9 @@ class ParallelTransformer(nn.Module):
         ``"forward"`` hook point).
 
         Returns ``(loss_sum, num_targets)`` of the replica's micro-batches, unscaled (float,
-        int), on every rank of the replica. Collective over the replica's TP and PP groups.
+        int), on every rank of the replica. Collective over the replica's TP, CP and PP groups;
+        under cp > 1 each cp rank runs its part of every sequence (``hotswitch.model.context``)
+        and its gradients are the summand of its tokens.
         """
         self._check_batches(micro_batches, loss_scale)
         g = self.groups
@@ -395,8 +450,7 @@ class ParallelTransformer(nn.Module):
                     self._finished[name] = self._finished[name] + p.grad if name in self._finished else p.grad
                     p.grad = None
         self._pending = True
-        contexts = [PackContext(mb, self.config, self.layout.tp, self.device, self.attention_kernel)
-                    for mb in micro_batches]
+        contexts = self._contexts(micro_batches, self.attention_kernel)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
 
         def forward(i: int, x: Optional[torch.Tensor]) -> torch.Tensor:
@@ -412,20 +466,18 @@ class ParallelTransformer(nn.Module):
         fns = StageFunctions(forward, lambda i: (contexts[i].rows, self.config.hidden_size),
                              self.dtype, self.device)
         run_1f1b(fns, len(contexts), g.pp_rank, self.layout.pp, g.pp_ranks, g.pp_group, g.timeout)
-        if g.pp_group is not None:
-            loss_sum = loss_sum.reshape(1)
-            dist.broadcast(loss_sum, src=g.pp_ranks[-1], group=g.pp_group)
+        loss_sum = self._replica_loss(loss_sum)
         return float(loss_sum.sum()), sum(c.num_targets for c in contexts)
 
     def forward_loss(self, micro_batches: Sequence[MicroBatch]) -> Tuple[float, int]:
         """The summed cross entropy of this data replica's micro-batches, forward only (no
         graph, no gradients): validation. Pipeline stages run the micro-batches in order, each
         stage receiving from the previous one and sending to the next. Returns
-        ``(loss_sum, num_targets)`` on every rank of the replica; collective over its TP and PP
-        groups, like ``forward_backward``."""
+        ``(loss_sum, num_targets)`` on every rank of the replica; collective over its TP, CP and
+        PP groups, like ``forward_backward``."""
         self._check_batches(micro_batches, 1.0)
         g = self.groups
-        contexts = [PackContext(mb, self.config, self.layout.tp, self.device) for mb in micro_batches]
+        contexts = self._contexts(micro_batches, "grouped")
         loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
         stage = g.pp_rank
         with torch.no_grad():
@@ -439,8 +491,7 @@ class ParallelTransformer(nn.Module):
                     loss_sum += y.double()
                 else:
                     exchange([(y.contiguous(), g.pp_ranks[stage + 1])], [], g.pp_group, g.timeout)
-        if g.pp_group is not None:
-            dist.broadcast(loss_sum, src=g.pp_ranks[-1], group=g.pp_group)
+        loss_sum = self._replica_loss(loss_sum)
         return float(loss_sum), sum(c.num_targets for c in contexts)
 
     def finish_gradients(self) -> None:
@@ -465,15 +516,32 @@ class ParallelTransformer(nn.Module):
                 grad = self._finished.pop(name) + grad
             params[name].grad = grad
 
+    def _flat_data_chunks(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` padded and cut into the data group's chunks, ``[dp * cp, chunk]``, the row of
+        each member of the data group in its group-rank order (row j holds chunk
+        ``data_order[j]``), as the collectives over the data group index them."""
+        size = self.groups.data_size
+        chunk = -(-flat.numel() // size)
+        padded = torch.zeros(chunk * size, dtype=flat.dtype, device=flat.device)
+        padded[:flat.numel()] = flat
+        order = torch.tensor(self.groups.data_order, dtype=torch.int64, device=flat.device)
+        return padded.view(size, chunk).index_select(0, order)
+
+    def _data_group_rank(self) -> int:
+        return self.groups.data_order.index(self.groups.data_rank)
+
     def reduce_gradients(self, zero: bool = False) -> Union[Dict[str, torch.Tensor], torch.Tensor]:
         """The data-parallel reduction of a static layout: ``finish_gradients``, then the sum
-        over the data replicas (and over the first and last stage for a tied embedding).
+        over the data group (the dp x cp ranks holding the same shards: under context
+        parallelism each cp rank's gradients are the summand of its tokens) and over the
+        first and last stage for a tied embedding.
 
         ``zero=False``: all-reduce; ``.grad`` holds the full sums; returns ``grad_shards()``.
-        ``zero=True`` (optimizer state ZeRO-sharded over the dp group): reduce-scatter; returns
-        this rank's flat chunk of the ``"zero"`` placement (1-D, ``ceil(total / dp)``
-        elements of the local shards concatenated in tensor-set order, zero-padded), and
-        ``.grad`` is left unreduced. Collective over the TP, DP and tied groups.
+        ``zero=True`` (optimizer state ZeRO-sharded over the data group): reduce-scatter;
+        returns this rank's flat chunk of the ``"zero"`` placement (1-D, ``ceil(total / (dp *
+        cp))`` elements of the local shards concatenated in tensor-set order, zero-padded;
+        chunk ``data_rank``), and ``.grad`` is left unreduced. Collective over the TP, data
+        and tied groups.
         """
         self.finish_gradients()
         g = self.groups
@@ -483,14 +551,11 @@ class ParallelTransformer(nn.Module):
             grads["embedding.weight"] = all_reduce(grads["embedding.weight"].clone(), g.tied_group)
         flat = torch.cat([x.reshape(-1) for x in grads.values()])
         if zero:
-            dp = self.layout.dp
-            chunk = -(-flat.numel() // dp)
-            padded = torch.zeros(chunk * dp, dtype=flat.dtype, device=flat.device)
-            padded[:flat.numel()] = flat
-            if g.dp_group is None:
-                return padded
-            return reduce_scatter_rows(padded.view(dp, chunk), g.dp_group, dp, g.dp_rank).view(-1)
-        all_reduce(flat, g.dp_group)
+            rows = self._flat_data_chunks(flat)
+            if g.data_group is None:
+                return rows.reshape(-1)
+            return reduce_scatter_rows(rows, g.data_group, g.data_size, self._data_group_rank()).view(-1)
+        all_reduce(flat, g.data_group)
         for (name, p), part in zip(shards.items(), flat.split([x.numel() for x in grads.values()])):
             p.grad = part.view_as(p)
         return self.grad_shards()
@@ -498,23 +563,22 @@ class ParallelTransformer(nn.Module):
     def zero_chunk(self) -> torch.Tensor:
         """This rank's flat chunk of the ``"zero"`` placement of the parameters (a copy)."""
         flat = torch.cat([p.detach().reshape(-1) for p in self.named_shards().values()])
-        dp = self.layout.dp
-        chunk = -(-flat.numel() // dp)
-        padded = torch.zeros(chunk * dp, dtype=flat.dtype, device=flat.device)
-        padded[:flat.numel()] = flat
-        return padded[self.groups.dp_rank * chunk:(self.groups.dp_rank + 1) * chunk].clone()
+        return self._flat_data_chunks(flat)[self._data_group_rank()].clone()
 
     def load_zero_chunks(self, chunk: torch.Tensor) -> None:
-        """All-gathers every data replica's ``"zero"`` chunk (1-D, as from ``zero_chunk``) over
-        the dp group and copies the result into the parameters. Collective over the dp group."""
+        """All-gathers every data-group member's ``"zero"`` chunk (1-D, as from ``zero_chunk``)
+        and copies the result into the parameters. Collective over the data group."""
         g = self.groups
         shards = self.named_shards()
         total = sum(p.numel() for p in shards.values())
-        dp = self.layout.dp
-        expected = -(-total // dp)
+        size = g.data_size
+        expected = -(-total // size)
         if chunk.dim() != 1 or chunk.numel() != expected:
             raise ValueError(f"zero chunk has shape {tuple(chunk.shape)}, expected ({expected},)")
-        flat = all_gather_rows(chunk.detach().reshape(1, -1), g.dp_group, dp).reshape(-1)[:total]
+        rows = all_gather_rows(chunk.detach().reshape(1, -1), g.data_group, size)
+        ordered = torch.empty_like(rows)
+        ordered[torch.tensor(g.data_order, dtype=torch.int64, device=rows.device)] = rows
+        flat = ordered.reshape(-1)[:total]
         with torch.no_grad():
             for p, part in zip(shards.values(), flat.split([p.numel() for p in shards.values()])):
                 p.copy_(part.view_as(p))

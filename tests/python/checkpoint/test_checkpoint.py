@@ -124,3 +124,20 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
         assert latest == first and first.endswith("step_00000001")
         assert "step_00000002" not in entries
         assert not [e for e in entries if e.startswith(".")], entries  # the partial save is removed
+
+
+@pytest.fixture(scope="module")
+def saved_cp2(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ckpt_cp2"))
+    return root, run_world(2, w.static_save_then_continue, root, "cp2", False, timeout=600)[0]
+
+
+@pytest.mark.parametrize("world,layout,zero", [(2, "dp2", False), (1, "dp1", False), (4, "dp2cp2", True)])
+def test_a_context_parallel_checkpoint_loads_under_any_layout(saved_cp2, world, layout, zero):
+    root, (weights_at_save, losses, final) = saved_cp2
+    info, loaded, resumed_losses, resumed_final = run_world(world, w.static_resume, root, layout, zero,
+                                                            timeout=600)[0]
+    assert info["step"] == 2 and info["data_state"] == {"position": 2}
+    assert _equal(loaded, weights_at_save)  # loading only copies: exact
+    assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
+    assert _max_diff(resumed_final, final) <= 1e-5

@@ -74,3 +74,33 @@ def failed_save(rank, world, root):
     else:
         message = None
     return first, message, hs.checkpoint.latest_checkpoint(root), sorted(os.listdir(root))
+
+
+def _static_runtime(layout, zero=False):
+    """A static runtime under ``layout`` (the planner only packs): cp layouts run this way."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    return hs.Runtime(cfg, candidates=[layout], home=layout, hardware=hardware(1 << 40), max_context=MAX_CONTEXT,
+                      zero=zero, seed=7, recalibrate=False,
+                      optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+
+
+def static_save_then_continue(rank, world, root, layout, zero):
+    """``save_then_continue`` under one static layout."""
+    torch.set_num_threads(1)
+    rt = _static_runtime(layout, zero)
+    for i in range(2):
+        rt.train_step(batch(STEPS[i], i))
+    rt.save_checkpoint(root, data_state={"position": 2})
+    saved = _numpy(rt.full_weights())
+    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
+    return saved, losses, _numpy(rt.full_weights())
+
+
+def static_resume(rank, world, root, layout, zero):
+    """``resume`` under one static layout."""
+    torch.set_num_threads(1)
+    rt = _static_runtime(layout, zero)
+    info = rt.load_checkpoint(root)
+    loaded = _numpy(rt.full_weights())
+    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
+    return info, loaded, losses, _numpy(rt.full_weights())

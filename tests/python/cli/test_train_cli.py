@@ -74,6 +74,8 @@ def test_a_checkpoint_of_one_rank_resumes_on_two(tmp_path, full_run):
     (["--resume"], "--resume needs --load or --save"),
     (["--save-interval", "2"], "--save-interval 2 needs --save"),
     (["--tensor-model-parallel-size", "3"], "world(2) is not divisible by tensor(3)"),
+    (["--context-parallel-size", "4"], "world(2) is not divisible by tensor(1) * pipeline(1) * context(4)"),
+    (["--context-parallel-size", "2", "--hot-switch"], "--context-parallel-size(2) applies to static runs"),
     (["--num-attention-heads", "3"], "num_attention_heads(3)"),
     (["--data-path", "/nonexistent/texts"], "/nonexistent/texts"),
     (["--hardware", "tpu"], "'tpu'"),
@@ -88,6 +90,22 @@ def test_argument_errors_name_the_value(args, needle):
     out = _train(2, *args, timeout=300)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     assert needle in out.stderr
+
+
+def test_a_context_parallel_run_equals_data_parallel_and_its_checkpoint_resumes_on_one_rank(tmp_path):
+    ckpt, cp, dp, rest = (str(tmp_path / n) for n in ("ckpt", "cp.json", "dp.json", "rest.json"))
+    common = ["--no-recalibrate", "--lr-decay-iters", "3"]
+    out = _train(2, *common, "--context-parallel-size", "2", "--train-iters", "2", "--save", ckpt,
+                 "--summary-json", cp)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = _train(2, *common, "--train-iters", "3", "--summary-json", dp)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = _train(1, *common, "--train-iters", "3", "--load", ckpt, "--summary-json", rest)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cp, dp, rest = (json.load(open(p)) for p in (cp, dp, rest))
+    assert cp["layouts"] == ["cp2"] and dp["layouts"] == ["dp2"]
+    assert cp["losses"] == pytest.approx(dp["losses"][:2], rel=1e-5, abs=0)
+    assert rest["steps"] == 1 and rest["losses"] == pytest.approx(dp["losses"][2:], rel=1e-5, abs=0)
 
 
 def test_megatron_log_lines_and_metrics_file(tmp_path):

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+import hotswitch as hs
 from hotswitch.testing.harness import run_world
 
 from tests.python.runtime import workers as w
@@ -159,3 +160,16 @@ def test_a_nonfinite_loss_raises_or_skips_and_changes_nothing(policy):
         # With the finite weights back, the retried step is the step of a run that never
         # saw the poisoned one: the refused step left no trace in the optimizer.
         assert retried == expected, (rank, retried, expected)
+
+
+@pytest.mark.parametrize("layout", ["cp4", "dp2cp2", "tp2cp2", "cp2pp2"])
+def test_a_static_context_parallel_run_equals_single_process(reference, layout):
+    out = run_world(4, w.train_static_cp, layout, timeout=600)
+    assert all(o[0] == out[0][0] for o in out), "ranks report different steps"
+    assert all(layouts == [hs.Layout.parse(layout).name] for _, layouts, *_ in out[0][0])
+    _check_equal(out[0], reference)
+
+
+def test_cp_layouts_run_alone():
+    for message in run_world(4, w.mixed_cp_candidates, timeout=300):
+        assert message is not None and "dp2cp2" in message and "runs alone" in message, message

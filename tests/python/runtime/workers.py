@@ -207,3 +207,28 @@ def unscaled(rank, world, candidates):
     norms = [rt.train_step(batch(STEPS[1 + i % 3], i)).grad_norm for i in range(3)]
     weights = rt.full_weights()
     return norms, _numpy(weights) if rank == 0 else None
+
+
+def train_static_cp(rank, world, layout):
+    """``train`` under one static cp layout (no memory budget: the cost model, which covers
+    cp == 1, plans it as its counterpart without cp and over-estimates its memory)."""
+    torch.set_num_threads(1)
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=[layout], hardware=hardware(1 << 40), max_context=MAX_CONTEXT, seed=7,
+                    recalibrate=False, optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    out = []
+    for i, lengths in enumerate(STEPS):
+        r = rt.train_step(batch(lengths, i))
+        out.append((r.loss, r.layouts, [p.grad_method for p in r.phases], r.targets, None))
+    weights = rt.full_weights()
+    return out, _numpy(weights) if rank == 0 else None, rt.home.name, True
+
+
+def mixed_cp_candidates(rank, world):
+    """The message of building a runtime whose candidates mix cp and cp == 1 layouts."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    try:
+        hs.Runtime(cfg, candidates=["dp4", "dp2cp2"], hardware=hardware(1 << 40), max_context=MAX_CONTEXT)
+    except ValueError as e:
+        return str(e)
+    return None
