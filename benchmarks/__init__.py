@@ -2,10 +2,14 @@
 prints `RESULT {json}` as its last line."""
 
 
+import math
+
+
 def rounded(v):
-    """Figures for a RESULT line: floats to 4 significant digits, through dicts."""
+    """Figures for a RESULT line: floats to 4 significant digits (None where not finite, which
+    JSON cannot hold), through dicts."""
     if isinstance(v, float):
-        return float(f"{v:.4g}")
+        return float(f"{v:.4g}") if math.isfinite(v) else None
     if isinstance(v, dict):
         return {k: rounded(x) for k, x in v.items()}
     return v

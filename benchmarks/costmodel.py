@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 import hotswitch as hs
+from benchmarks import rounded
 from hotswitch import planner as planning
 from hotswitch.analysis.simulate import simulate
 from hotswitch.calibration import runs as measured
@@ -239,13 +240,6 @@ def main(argv=None) -> int:
     print(f"planning: 1024 sequences on 32 GPUs {out['plan_ms_p50_1024seq_32gpu']:.2f} ms wall, "
           f"{out['plan_cpu_ms_p50_1024seq_32gpu']:.2f} ms CPU (median of {timing_steps})")
     out["seconds"] = time.perf_counter() - start
-
-    def rounded(v):
-        if isinstance(v, float):
-            return float(f"{v:.4g}") if math.isfinite(v) else None
-        if isinstance(v, dict):
-            return {k: rounded(x) for k, x in v.items()}
-        return v
 
     print("RESULT " + json.dumps(rounded(out)))
     return 0

@@ -30,7 +30,6 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -38,6 +37,7 @@ import tempfile
 import time
 
 import hotswitch as hs
+from benchmarks import rounded
 from hotswitch.analysis import milp
 from hotswitch import planner as planning
 from hotswitch.analysis.simulate import simulate
@@ -264,13 +264,6 @@ def main(argv=None) -> int:
     out["sim_switch_share"] = share
     out["sim_speedup_vs_home"] = vs_home
     out["seconds"] = time.perf_counter() - start
-
-    def rounded(v):
-        if isinstance(v, float):
-            return float(f"{v:.4g}") if math.isfinite(v) else None
-        if isinstance(v, dict):
-            return {k: rounded(x) for k, x in v.items()}
-        return v
 
     print("RESULT " + json.dumps(rounded(out)))
     return 0
