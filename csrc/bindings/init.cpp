@@ -118,7 +118,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("dp") = 1, py::arg("tp") = 1, py::arg("pp") = 1, py::arg("cp") = 1,
            py::arg("order") = "tp-cp-dp-pp")
       .def_static("parse", &Layout::parse, py::arg("text"))
-      .def_static("enumerate", &Layout::enumerate, py::arg("world"))
+      .def_static("enumerate", &Layout::enumerate, py::arg("world"), py::arg("max_cp") = 1,
+                  "Every layout of the world with cp <= max_cp, sorted by (cp, pp, tp, dp).")
       .def_property_readonly("dp", &Layout::dp)
       .def_property_readonly("tp", &Layout::tp)
       .def_property_readonly("pp", &Layout::pp)
@@ -486,6 +487,11 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("p2p_per_token", &LayoutTerms::p2pPerToken)
       .def_readonly("p2p_latency", &LayoutTerms::p2pLatency)
       .def_readonly("dp_seconds", &LayoutTerms::dpSeconds)
+      .def_readonly("alpha_cp", &LayoutTerms::alphaCp,
+                    "Seconds per token of a micro-batch of the cp K/V exchange (its exposed part).")
+      .def_readonly("micro_batch_cp_seconds", &LayoutTerms::microBatchCpSeconds,
+                    "Of micro_batch_seconds, the cp collectives' latencies.")
+      .def_readonly("cp", &LayoutTerms::cp)
       .def_property_readonly("recompute", [](const LayoutTerms& t) { return std::string(recomputeName(t.recompute)); })
       .def_property_readonly("alpha", &LayoutTerms::alpha)
       .def("u", &LayoutTerms::u, py::arg("tokens"), "Critical-path seconds of one sequence on a stage.")
@@ -498,6 +504,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PhaseCost>(m, "PhaseCost", "Predicted seconds and peak bytes per rank of one phase.")
       .def_readonly("compute_seconds", &PhaseCost::computeSeconds)
       .def_readonly("tp_seconds", &PhaseCost::tpSeconds)
+      .def_readonly("cp_seconds", &PhaseCost::cpSeconds)
       .def_readonly("pp_seconds", &PhaseCost::ppSeconds)
       .def_readonly("dp_seconds", &PhaseCost::dpSeconds)
       .def_readonly("total_seconds", &PhaseCost::totalSeconds)
@@ -509,29 +516,49 @@ PYBIND11_MODULE(_C, m) {
                              "Seconds before the gradient reduction: what the micro-batches take.")
       .def("__repr__", [](const PhaseCost& c) {
         return str("PhaseCost(total ", c.totalSeconds, " s = compute ", c.computeSeconds, " + tp ", c.tpSeconds,
-                   " + pp ", c.ppSeconds, " + dp ", c.dpSeconds, ", peak ", c.peakBytes / double(1 << 30), " GiB",
+                   " + cp ", c.cpSeconds, " + pp ", c.ppSeconds, " + dp ", c.dpSeconds, ", peak ", c.peakBytes / double(1 << 30), " GiB",
                    c.fits ? "" : ", does not fit", ")");
       });
 
+  m.def("context_split_loads", [](const std::vector<int64_t>& lengths, int cp, int64_t minChunk) {
+    py::list out;
+    for (const ContextLoad& l : contextSplitLoads(lengths, cp, minChunk)) {
+      out.append(py::make_tuple(l.tokens, l.pairs, l.sequences));
+    }
+    return out;
+  }, py::arg("lengths"), py::arg("cp"), py::arg("min_chunk") = 4,
+        "Per cp rank, (tokens, causal pairs, sequences) of its part of a micro-batch of these sequence lengths, "
+        "dealt as hotswitch.model.context.split_sequences deals them.");
+
   py::class_<CostModel>(m, "CostModel")
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
-                       bool sequenceParallel, bool flashAttention) {
+                       bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk) {
              CostOptions o;
              o.zero = zero;
              o.sequenceParallel = sequenceParallel;
              o.flashAttention = flashAttention;
+             o.cpOverlap = cpOverlap;
+             o.cpMinChunk = cpMinChunk;
              return CostModel(model, hw, topo, o);
            }),
            py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false,
-           py::arg("sequence_parallel") = true, py::arg("flash_attention") = true,
+           py::arg("sequence_parallel") = true, py::arg("flash_attention") = true, py::arg("cp_overlap") = 0.0,
+           py::arg("cp_min_chunk") = 4,
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
-           "and dropout mask stay for the backward pass unless recomputed).")
+           "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
+           "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
+           "cp_min_chunk: tokens of the smallest cp chunk (shorter sequences stay whole on one cp rank).")
       .def_property_readonly("model", &CostModel::model)
       .def_property_readonly("hardware", &CostModel::hardware)
       .def_property_readonly("topology", &CostModel::topology)
       .def_property_readonly("zero", [](const CostModel& c) { return c.options().zero; })
       .def_property_readonly("sequence_parallel", [](const CostModel& c) { return c.options().sequenceParallel; })
       .def_property_readonly("flash_attention", [](const CostModel& c) { return c.options().flashAttention; })
+      .def_property_readonly("cp_overlap", [](const CostModel& c) { return c.options().cpOverlap; })
+      .def_property_readonly("cp_min_chunk", [](const CostModel& c) { return c.options().cpMinChunk; })
+      .def("data_collective_seconds", &CostModel::dataCollectiveSeconds, py::arg("layout"), py::arg("bytes"),
+           py::arg("all_reduce") = false,
+           "Seconds of one ring collective of `bytes` over the layout's data groups (dp * cp ranks).")
       .def("forward_flops", &CostModel::forwardFlops, py::arg("seq_len"))
       .def("training_flops", [](const CostModel& c, int64_t seqLen, std::optional<std::string> recompute) {
         return recompute ? c.trainingFlops(seqLen, parseRecompute(*recompute)) : c.trainingFlops(seqLen);

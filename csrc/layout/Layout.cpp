@@ -119,14 +119,19 @@ Layout Layout::parse(const std::string& text) {
                 degrees[static_cast<int>(Axis::kPp)], degrees[static_cast<int>(Axis::kCp)], order);
 }
 
-std::vector<Layout> Layout::enumerate(int world) {
+std::vector<Layout> Layout::enumerate(int world, int maxCp) {
   HS_CHECK(world >= 1, "world must be >= 1, got ", world);
+  HS_CHECK(maxCp >= 1, "max_cp must be >= 1, got ", maxCp);
   std::vector<Layout> out;
-  for (int pp = 1; pp <= world; ++pp) {
-    if (world % pp) continue;
-    for (int tp = 1; tp <= world / pp; ++tp) {
-      if ((world / pp) % tp) continue;
-      out.emplace_back(world / pp / tp, tp, pp);
+  for (int cp = 1; cp <= std::min(world, maxCp); ++cp) {
+    if (world % cp) continue;
+    const int rest = world / cp;
+    for (int pp = 1; pp <= rest; ++pp) {
+      if (rest % pp) continue;
+      for (int tp = 1; tp <= rest / pp; ++tp) {
+        if ((rest / pp) % tp) continue;
+        out.emplace_back(rest / pp / tp, tp, pp, cp);
+      }
     }
   }
   return out;

@@ -40,8 +40,9 @@ class Layout {
   static Layout parse(const std::string& text);
   static Order parseOrder(const std::string& text);
 
-  // Every layout of `world` with cp == 1 and the default order, sorted by (pp, tp, dp).
-  static std::vector<Layout> enumerate(int world);
+  // Every layout of `world` with cp <= maxCp and the default order, sorted by (cp, pp, tp, dp).
+  // Throws InvalidArgument for world < 1 or maxCp < 1.
+  static std::vector<Layout> enumerate(int world, int maxCp = 1);
 
   int dp() const { return degree(Axis::kDp); }
   int tp() const { return degree(Axis::kTp); }

@@ -32,6 +32,46 @@ constexpr int64_t kHeadDimStep = 32;
 
 }  // namespace
 
+std::vector<ContextLoad> contextSplitLoads(const std::vector<int64_t>& lengths, int cp, int64_t minChunk) {
+  HS_CHECK(cp >= 1, "cp must be >= 1, got ", cp);
+  HS_CHECK(minChunk >= 1, "the minimum cp chunk must be >= 1 token, got ", minChunk);
+  std::vector<ContextLoad> out(cp);
+  const int64_t chunks = 2 * static_cast<int64_t>(cp);
+  std::vector<std::pair<int64_t, size_t>> whole;  // (-length, index): longest first, then by index
+  // Causal pairs of queries [a, b) of a sequence: each attends to its position + 1 keys.
+  auto pairs = [](int64_t a, int64_t b) {
+    return (static_cast<double>(b) * (b + 1) - static_cast<double>(a) * (a + 1)) / 2.0;
+  };
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    const int64_t n = lengths[s];
+    HS_CHECK(n >= 1, "sequence ", s, " has length ", n, ", expected >= 1");
+    if (cp == 1 || n < chunks * minChunk) {
+      whole.push_back({-n, s});
+      continue;
+    }
+    const int64_t base = n / chunks, extra = n % chunks;
+    auto start = [&](int64_t j) { return j * base + std::min(j, extra); };
+    for (int i = 0; i < cp; ++i) {
+      for (int64_t j : {static_cast<int64_t>(i), chunks - 1 - i}) {
+        out[i].tokens += start(j + 1) - start(j);
+        out[i].pairs += pairs(start(j), start(j + 1));
+      }
+      out[i].sequences += 1;
+    }
+  }
+  std::sort(whole.begin(), whole.end());
+  for (const auto& [negative, s] : whole) {
+    int r = 0;
+    for (int k = 1; k < cp; ++k) {
+      if (out[k].tokens < out[r].tokens) r = k;
+    }
+    out[r].tokens += -negative;
+    out[r].pairs += pairs(0, -negative);
+    out[r].sequences += 1;
+  }
+  return out;
+}
+
 double oneForwardOneBackward(const std::vector<std::vector<double>>& forward,
                              const std::vector<std::vector<double>>& backward, const std::vector<double>& transfer) {
   const int pp = static_cast<int>(forward.size());
@@ -109,6 +149,9 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
   hardware_.validate();
   HS_CHECK(options_.gradBytes == 2 || options_.gradBytes == 4, "grad_bytes must be 2 or 4, got ",
            options_.gradBytes);
+  HS_CHECK(options_.cpOverlap >= 0 && options_.cpOverlap <= 1, "cp_overlap must be in [0, 1], got ",
+           options_.cpOverlap);
+  HS_CHECK(options_.cpMinChunk >= 1, "cp_min_chunk must be >= 1 token, got ", options_.cpMinChunk);
   HS_CHECK(options_.optimizerBytesPerParam >= 0, "optimizer_bytes_per_param must be >= 0, got ",
            options_.optimizerBytesPerParam);
 }
@@ -160,13 +203,22 @@ int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout) const {
 int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout, Recompute recompute) const {
   const int64_t scale = model_.paramBytes;  // the 34 h counts bytes at 16 bits: 2 per element
   const int64_t perToken = (recompute == Recompute::kFull ? 2 : 34) * model_.hiddenSize * scale / 2;
-  return (perToken + layout.tp() - 1) / layout.tp();
+  const int64_t split = static_cast<int64_t>(layout.tp()) * layout.cp();
+  int64_t bytes = (perToken + split - 1) / split;
+  // Under cp the gathered keys and values of the whole micro-batch stay for the backward.
+  if (layout.cp() > 1 && recompute != Recompute::kFull) bytes += gatheredKeyValueBytesPerToken(layout);
+  return bytes;
+}
+
+int64_t CostModel::gatheredKeyValueBytesPerToken(const Layout& layout) const {
+  const int64_t kv = model_.numQueryGroups * model_.headDim();
+  return (2 * kv * model_.paramBytes + layout.tp() - 1) / layout.tp();
 }
 
 double CostModel::attentionBytesPerSquareLayer(const Layout& layout, Recompute recompute) const {
   if (options_.flashAttention || recompute != Recompute::kNone) return 0;
   // Scores and softmax (2 bytes each at 16 bits) and the dropout mask (1), per head.
-  return 5.0 * model_.numAttentionHeads * static_cast<double>(model_.paramBytes) / 2.0 / layout.tp();
+  return 5.0 * model_.numAttentionHeads * static_cast<double>(model_.paramBytes) / 2.0 / layout.tp() / layout.cp();
 }
 
 double CostModel::gradientBytes(const Layout& layout) const {
@@ -196,12 +248,39 @@ int CostModel::groupRanksPerNode(const Layout& layout, Axis axis) const {
 }
 
 double CostModel::collectiveSeconds(const Layout& layout, Axis axis, double bytes, bool allReduce) const {
-  const int n = layout.degree(axis);
+  if (layout.degree(axis) <= 1 || bytes <= 0) return 0;
+  return groupCollectiveSeconds(layout.groups(axis), bytes, allReduce);
+}
+
+double CostModel::dataCollectiveSeconds(const Layout& layout, double bytes, bool allReduce) const {
+  if (layout.dataSize() <= 1 || bytes <= 0) return 0;
+  if (layout.cp() == 1) return collectiveSeconds(layout, Axis::kDp, bytes, allReduce);
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < layout.world(); ++r) {
+    std::vector<int> group = layout.dataGroup(r);
+    if (*std::min_element(group.begin(), group.end()) == r) groups.push_back(std::move(group));
+  }
+  return groupCollectiveSeconds(groups, bytes, allReduce);
+}
+
+double CostModel::groupCollectiveSeconds(const std::vector<std::vector<int>>& groups, double bytes,
+                                         bool allReduce) const {
+  const int n = groups.empty() ? 1 : static_cast<int>(groups.front().size());
   if (n <= 1 || bytes <= 0) return 0;
+  bool spans = false;
+  int perNode = 0;
+  for (const auto& group : groups) {
+    for (int member : group) {
+      int here = 0;
+      for (int other : group) here += topology_.sameNode(member, other) ? 1 : 0;
+      perNode = std::max(perNode, here);
+      spans = spans || !topology_.sameNode(member, group.front());
+    }
+  }
   double bw = hardware_.intraNodeBandwidth, lat = hardware_.intraNodeLatency;
-  if (spansNodes(layout, axis)) {
+  if (spans) {
     // The ring's channels spread over the NICs of the group's ranks on each node.
-    bw = std::min(bw, groupRanksPerNode(layout, axis) * hardware_.interNodeBandwidth);
+    bw = std::min(bw, perNode * hardware_.interNodeBandwidth);
     lat = hardware_.interNodeLatency;
   }
   const double steps = allReduce ? 2.0 * (n - 1) : (n - 1);
@@ -213,9 +292,7 @@ LayoutTerms CostModel::terms(const Layout& layout) const { return terms(layout, 
 LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   layout.validate(topology_.world());
   model_.validate(layout);
-  HS_CHECK(layout.cp() == 1, "layout ", layout.name(), " has cp(", layout.cp(),
-           "); the cost model covers cp == 1 only");
-  const int pp = layout.pp(), tp = layout.tp();
+  const int pp = layout.pp(), tp = layout.tp(), cp = layout.cp();
   const double t = tp;
   const double layers = static_cast<double>(model_.numLayers / pp);  // per stage
   const double h = static_cast<double>(model_.hiddenSize);
@@ -291,8 +368,28 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
     out.p2pPerToken = h * b / (sp ? t : 1.0) / (inter ? hardware_.interNodeBandwidth : hardware_.intraNodeBandwidth);
     out.p2pLatency = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
   }
+  // 10. Context parallelism: a rank's share of the micro-batch's work, and the K/V exchange.
+  out.cp = cp;
+  if (cp > 1) {
+    const double c = cp;
+    out.alphaCompute /= c;
+    out.alphaTp /= c;
+    out.beta /= c;
+    out.lastStageAlpha /= c;
+    out.p2pPerToken /= c;
+    const bool inter = spansNodes(layout, Axis::kCp);
+    const double bw = inter ? std::min(hardware_.intraNodeBandwidth,
+                                       groupRanksPerNode(layout, Axis::kCp) * hardware_.interNodeBandwidth)
+                            : hardware_.intraNodeBandwidth;
+    const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+    const double collectives = full ? 3 : 2;  // per layer: gather forward (and again), reduce-scatter backward
+    const double keyValueBytes = static_cast<double>(gatheredKeyValueBytesPerToken(layout));
+    out.alphaCp = (1.0 - options_.cpOverlap) * layers * collectives * (c - 1) / c * keyValueBytes / bw;
+    out.microBatchCpSeconds = layers * collectives * (c - 1) * lat;
+    out.microBatchSeconds += out.microBatchCpSeconds;
+  }
   // 8. Gradient reduction over the data group.
-  out.dpSeconds = collectiveSeconds(layout, Axis::kDp, gradientBytes(layout), !options_.zero);
+  out.dpSeconds = dataCollectiveSeconds(layout, gradientBytes(layout), !options_.zero);
   return out;
 }
 
@@ -327,7 +424,7 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
   std::vector<std::vector<double>> forward(pp), backward(pp);
   for (const auto& replica : batches) {
     const size_t m = replica.size();
-    double work = 0, tpWork = 0;
+    double work = 0, tpWork = 0, cpWork = 0;
     tokens.clear();
     last.assign(m, 0);
     transfer.assign(m, 0);
@@ -341,11 +438,32 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
       }
       tokens.push_back({static_cast<int64_t>(n), squares});
       const double count = static_cast<double>(replica[k].size());
-      last[k] = t.alpha() * n + t.beta * squares + t.gamma * count + t.microBatchSeconds;
-      const double middle = last[k] - t.lastStageAlpha * n - t.lastStageMicroBatchSeconds;
+      // The tokens, squares and sequences of the micro-batch's slowest rank, in units of the
+      // terms: the whole micro-batch when cp == 1; under cp the slowest cp rank's part, its
+      // tokens and pairs scaled by cp (the terms divide the balanced work by cp).
+      double rankTokens = n, rankSquares = squares, rankSequences = count;
+      if (t.cp > 1) {
+        const double c = t.cp;
+        double slowest = -1;
+        for (const ContextLoad& load : contextSplitLoads(replica[k], t.cp, options_.cpMinChunk)) {
+          const double x = c * static_cast<double>(load.tokens), y = 2.0 * c * load.pairs;
+          const double seconds = (t.alpha() - t.alphaCp) * x + t.beta * y + t.gamma * static_cast<double>(load.sequences);
+          if (seconds > slowest) {
+            slowest = seconds;
+            rankTokens = x;
+            rankSquares = y;
+            rankSequences = static_cast<double>(load.sequences);
+          }
+        }
+      }
+      const double cpExchange = t.alphaCp * n + t.microBatchCpSeconds;
+      last[k] = (t.alpha() - t.alphaCp) * rankTokens + t.beta * rankSquares + t.gamma * rankSequences +
+                t.microBatchSeconds + t.alphaCp * n;
+      const double middle = last[k] - t.lastStageAlpha * rankTokens - t.lastStageMicroBatchSeconds;
       work += last[k];
-      tpWork += t.alphaTp * n + t.microBatchTpSeconds;
-      transfer[k] = t.p2pPerToken * n + t.p2pLatency;
+      tpWork += t.alphaTp * rankTokens + t.microBatchTpSeconds;
+      cpWork += cpExchange;
+      transfer[k] = t.p2pPerToken * rankTokens + t.p2pLatency;
       for (int j = 0; j < pp; ++j) {
         const double stage = j == pp - 1 ? last[k] : middle;
         forward[j][k] = kForwardShare * stage;
@@ -355,8 +473,9 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
     const double total = pp == 1 ? work : oneForwardOneBackward(forward, backward, transfer);
     if (total > worstReplica) {
       worstReplica = total;
-      cost.computeSeconds = work - tpWork;
+      cost.computeSeconds = work - tpWork - cpWork;
       cost.tpSeconds = tpWork;
+      cost.cpSeconds = cpWork;
       cost.ppSeconds = total - work;
     }
     // Activation peak: the first stage keeps up to pp micro-batches in flight.
@@ -373,10 +492,12 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
     if (!tokens.empty()) {
       const auto& [largest, largestSquares] = tokens.front();
       if (t.recompute == Recompute::kFull) {  // one layer rebuilt
-        acts += largest * (34 * model_.hiddenSize * model_.paramBytes / 2 / tp) +
+        acts += largest * (34 * model_.hiddenSize * model_.paramBytes / 2 / tp / layout.cp() +
+                           (layout.cp() > 1 ? gatheredKeyValueBytesPerToken(layout) : 0)) +
                 static_cast<int64_t>(std::ceil(largestSquares * perSquareLayer));
       }
-      acts += largest * ((model_.vocabSize + tp - 1) / tp) * 4 * 2;  // logits
+      const int64_t rows = (largest + layout.cp() - 1) / layout.cp();  // a cp rank's share, balanced
+      acts += rows * ((model_.vocabSize + tp - 1) / tp) * 4 * 2;  // logits
     }
     worstActivations = std::max(worstActivations, acts);
   }
@@ -395,7 +516,7 @@ double CostModel::stepSeconds(const Layout& layout) const {
   const double shard = options_.zero ? params / layout.dataSize() : params;
   double seconds = hardware_.stepOverheadSeconds;
   if (options_.zero) {
-    seconds += collectiveSeconds(layout, Axis::kDp, params * static_cast<double>(model_.paramBytes), false);
+    seconds += dataCollectiveSeconds(layout, params * static_cast<double>(model_.paramBytes), false);
   }
   const double memory = hardware_.achievedMemoryBandwidth();
   if (memory > 0) {

@@ -91,6 +91,24 @@
 //    shard (g + 2 * optimizer bytes + b per parameter), and the gradient buffer is zeroed
 //    (g per parameter of the rank), at M; plus step overhead seconds.
 //
+// 10. Context parallelism (cp > 1): each micro-batch's tokens spread over the cp ranks of a
+//    replica as the model cuts them (ContextSplit below, hotswitch/model/context.py): a
+//    sequence of at least 2 cp * min chunk tokens in 2 cp chunks, rank i holding chunks i
+//    and 2 cp - 1 - i (equal causal attention work), shorter ones whole, longest first to
+//    the rank with the fewest tokens. A rank runs 1-6 on its own tokens and attention on its
+//    own queries against their sequences' whole causal past, so in the linear view alpha
+//    (1-4, 6), beta and the stage transfers divide by cp; gamma does not (every rank holds a
+//    part of each cut sequence). Each layer all-gathers the micro-batch's keys and values
+//    over the cp group (2 kv / t elements per token, kv = query groups * head dim) and
+//    reduce-scatters their gradients backward (3 collectives with full recomputation), a
+//    ring over the cp group as in 4 (alphaCp per token of the micro-batch, their latencies
+//    per micro-batch); `cpOverlap` of that traffic hides behind compute (0: this runtime
+//    gathers before the attention call and nothing hides; a ring exchange of K/V blocks, as
+//    Megatron-LM's, hides up to all of it behind the attention of long sequences). The
+//    exact phase time takes each micro-batch's slowest cp rank (its tokens, causal pairs
+//    and sequences): the imbalance of uneven chunks and of the short sequences dealt whole.
+//    Gradients reduce over the data group, dp * cp ranks.
+//
 // Memory per rank, for the stage that holds the most: parameters (param bytes) and gradients
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided
 // over the data group under ZeRO), activations of the micro-batches in flight (1F1B keeps up
@@ -100,7 +118,10 @@
 // Without flash attention (CostOptions::flashAttention false) the attention core also keeps
 // its scores, softmax and dropout: 5 * heads / tp bytes per token^2 of each sequence per
 // layer at 16 bits (Korthikanti et al., "Reducing Activation Recomputation in Large
-// Transformer Models"), which either granularity of recomputation drops.
+// Transformer Models"), which either granularity of recomputation drops. Under cp a rank
+// keeps the activations of its own tokens (÷ cp) plus the gathered keys and values of the
+// whole micro-batch for the backward pass (2 kv / t elements per token per layer, unless fully
+// recomputed), its scores ÷ cp, its logits ÷ cp.
 
 #include <cstdint>
 #include <vector>
@@ -118,7 +139,21 @@ struct CostOptions {
   int64_t optimizerBytesPerParam = 12;  // fp32 master weight + Adam's two moments
   bool sequenceParallel = true;        // Megatron sequence parallelism when tp > 1
   bool flashAttention = true;          // the attention core keeps no per-token^2 activations
+  double cpOverlap = 0;                // share of the cp K/V traffic hidden behind compute, in [0, 1]
+  int64_t cpMinChunk = 4;              // tokens: shorter cp chunks keep the sequence whole (10)
 };
+
+// One cp rank's part of a micro-batch (10 above): tokens, causal (query, key) pairs of its
+// queries, and sequences it holds a part of.
+struct ContextLoad {
+  int64_t tokens = 0;
+  double pairs = 0;
+  int64_t sequences = 0;
+};
+
+// The cp ranks' parts of one micro-batch of sequence lengths, as hotswitch.model.context's
+// split_sequences deals them. Throws InvalidArgument for cp < 1, minChunk < 1 or a length < 1.
+std::vector<ContextLoad> contextSplitLoads(const std::vector<int64_t>& lengths, int cp, int64_t minChunk);
 
 // The coefficients of one layout's time model (see above); seconds.
 struct LayoutTerms {
@@ -132,10 +167,13 @@ struct LayoutTerms {
   double lastStageMicroBatchSeconds = 0;  // of microBatchSeconds: the same per micro-batch
   double p2pPerToken = 0;        // one stage-boundary transfer, per token (pp > 1)
   double p2pLatency = 0;         // one stage-boundary transfer, fixed (pp > 1)
-  double dpSeconds = 0;          // gradient reduction over the data group
+  double dpSeconds = 0;          // gradient reduction over the data group (dp * cp ranks)
+  double alphaCp = 0;            // per token of a micro-batch: exposed cp K/V traffic (10)
+  double microBatchCpSeconds = 0;  // of microBatchSeconds: the cp collectives' latencies
+  int cp = 1;                    // the layout's cp: alpha other than alphaCp and beta are per cp rank
   Recompute recompute = Recompute::kNone;  // what the terms (and the phase's memory) assume
 
-  double alpha() const { return alphaCompute + alphaTp; }
+  double alpha() const { return alphaCompute + alphaTp + alphaCp; }
   // Critical-path seconds of one sequence on the last stage.
   double u(int64_t s) const {
     const double x = static_cast<double>(s);
@@ -148,9 +186,10 @@ struct LayoutTerms {
 struct PhaseCost {
   double computeSeconds = 0;  // the slowest replica's last stage: its own work, collectives aside
   double tpSeconds = 0;       // the same stage's tensor-parallel collectives
+  double cpSeconds = 0;       // the same stage's cp K/V exchange (exposed part)
   double ppSeconds = 0;       // what pipelining adds: fill, drain, stalls and stage transfers
   double dpSeconds = 0;       // gradient reduction at the end of the phase
-  double totalSeconds = 0;    // compute + tp + pp + dp
+  double totalSeconds = 0;    // compute + tp + cp + pp + dp
   int64_t staticBytes = 0;      // parameters, gradients, optimizer state
   int64_t activationBytes = 0;  // at the peak
   int64_t peakBytes = 0;
@@ -161,7 +200,7 @@ struct PhaseCost {
 };
 
 // A phase's micro-batches: microBatches[replica][k] lists the sequence lengths packed into
-// micro-batch k of that data-parallel replica (cp == 1 for now).
+// micro-batch k of that data-parallel replica (spread over its cp ranks when cp > 1).
 using PhaseBatches = std::vector<std::vector<std::vector<int64_t>>>;
 
 // The makespan of the 1F1B schedule over `stages` stages (see 7 above): forward[j][k] and
@@ -196,6 +235,8 @@ class CostModel {
   // the model's recompute).
   int64_t activationBytesPerTokenLayer(const Layout& layout) const;
   int64_t activationBytesPerTokenLayer(const Layout& layout, Recompute recompute) const;
+  // Under cp, the bytes of the gathered keys and values per token of a micro-batch per layer.
+  int64_t gatheredKeyValueBytesPerToken(const Layout& layout) const;
   // Activation bytes per token^2 of one sequence per layer: the attention core's scores
   // without flash attention and recomputation, 0 otherwise.
   double attentionBytesPerSquareLayer(const Layout& layout, Recompute recompute) const;
@@ -207,6 +248,8 @@ class CostModel {
   // Seconds of one ring collective moving `bytes` (the full buffer) among the ranks of the
   // layout's groups along `axis`; `allReduce` doubles the traffic (see 4 above).
   double collectiveSeconds(const Layout& layout, Axis axis, double bytes, bool allReduce) const;
+  // Seconds of one ring collective over the layout's data groups (dp * cp ranks each).
+  double dataCollectiveSeconds(const Layout& layout, double bytes, bool allReduce) const;
   // Whether some group of the layout along `axis` spans nodes.
   bool spansNodes(const Layout& layout, Axis axis) const;
   // The most ranks one group along `axis` has on one node.
@@ -231,6 +274,9 @@ class CostModel {
   double stepSeconds(const Layout& layout) const;
 
  private:
+  // A ring collective over `groups` (ranks of this topology); see 4 above.
+  double groupCollectiveSeconds(const std::vector<std::vector<int>>& groups, double bytes, bool allReduce) const;
+
   ModelConfig model_;
   HardwareProfile hardware_;
   Topology topology_;
