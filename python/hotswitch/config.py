@@ -30,8 +30,14 @@ class RuntimeConfig:
     ``ValueError`` naming the field."""
 
     candidates: Union[str, Sequence[Union[str, Layout]]] = "auto"
-    """``"auto"`` (every layout of the world the model divides) or the layouts the planner may
-    use, as ``Layout`` objects or names like ``"dp2tp2"``."""
+    """``"auto"`` (every layout of the world the model divides, cp up to ``max_cp``) or the
+    layouts the planner may use, as ``Layout`` objects or names like ``"dp2tp2"`` or
+    ``"dp2cp2"``."""
+
+    max_cp: int = 1
+    """Under ``candidates="auto"``, the largest context-parallel degree among the candidates
+    (Megatron-LM's ``--context-parallel-size`` under ``--hot-switch``): the planner may then
+    run a bucket of long sequences under cp and switch to and away from it within a step."""
 
     home: Optional[Union[str, Layout]] = None
     """The layout of the master weights, optimizer state and gradient accumulator. Default:
@@ -108,6 +114,7 @@ class RuntimeConfig:
         check_bool("zero", self.zero)
         check_bool("recalibrate", self.recalibrate)
         check_int("seed", self.seed, 0)
+        check_int("max_cp", self.max_cp, 1)
         check_choice("recompute", self.recompute, RECOMPUTE_CHOICES)
         check_int("recompute_num_layers", self.recompute_num_layers, 1)
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:

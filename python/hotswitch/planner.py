@@ -28,11 +28,12 @@ __all__ = [
 PLANS_UP_TO_WORLD = 64
 
 
-def auto_candidates(model, world: int) -> List["_C.Layout"]:
-    """Every layout of the world that the model (a ``ModelConfig`` or ``TransformerConfig``:
-    anything with ``validate(layout)``) divides: heads, query groups, FFN and layers."""
+def auto_candidates(model, world: int, max_cp: int = 1) -> List["_C.Layout"]:
+    """Every layout of the world with cp <= ``max_cp`` that the model (a ``ModelConfig`` or
+    ``TransformerConfig``: anything with ``validate(layout)``) divides: heads, query groups,
+    FFN and layers."""
     out = []
-    for layout in _C.Layout.enumerate(world):
+    for layout in _C.Layout.enumerate(world, max_cp):
         try:
             model.validate(layout)
         except ValueError:
@@ -41,13 +42,13 @@ def auto_candidates(model, world: int) -> List["_C.Layout"]:
     return out
 
 
-def check_candidates(model, world: int, candidates) -> List["_C.Layout"]:
-    """The planner's candidate layouts from ``"auto"`` (``auto_candidates``) or a non-empty list
-    of layouts or names like ``"dp2tp2"``, each checked against the world and the model.
-    ValueError naming the layout for one that does not fit, is listed twice, or when no layout
-    is left."""
+def check_candidates(model, world: int, candidates, max_cp: int = 1) -> List["_C.Layout"]:
+    """The planner's candidate layouts from ``"auto"`` (``auto_candidates`` with cp up to
+    ``max_cp``) or a non-empty list of layouts or names like ``"dp2tp2"``, each checked against
+    the world and the model. ValueError naming the layout for one that does not fit, is listed
+    twice, or when no layout is left."""
     if candidates == "auto":
-        out = auto_candidates(model, world)
+        out = auto_candidates(model, world, max_cp)
         if not out:
             raise ValueError(f"no layout of world {world} divides the model")
         return out

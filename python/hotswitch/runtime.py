@@ -35,6 +35,7 @@ from hotswitch.calibration.online import OnlineCalibration
 from hotswitch.logging import get_logger
 from hotswitch.model.batch import MicroBatch
 from hotswitch.model.config import TransformerConfig
+from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.groups import ParallelGroups, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
 from hotswitch.planner import check_candidates, tensor_switch_costs
@@ -171,18 +172,17 @@ class Runtime:
         self.step = 0
         zero, seed = s.zero, s.seed
 
-        self.candidates = check_candidates(config, self.world, s.candidates)
-        self._plan_candidates, self._plan_topology = self._planning_view()
+        self.candidates = check_candidates(config, self.world, s.candidates, s.max_cp)
         hardware = HardwareProfile.preset("a100") if s.hardware is None else s.hardware
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
         self.hardware = hardware
-        self.cost = CostModel(config.cost_config(), hardware, self._plan_topology, zero=zero)
+        self.cost = self._cost_model(hardware)
         self.home_placement = "zero" if zero else "sharded"  # of the master weights and accumulator
         # The recompute modes the planner may give a phase (RuntimeConfig.recompute).
         self.recompute_modes = ["none", "selective", "full"] if s.recompute == "auto" else [s.recompute]
         n = len(self.candidates)
-        free = Planner(self.cost, self._plan_candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
+        free = Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
                        recompute=self.recompute_modes)
         longest = max(free.micro_batch_budget(i) for i in range(n))
         if longest < max_context:
@@ -215,9 +215,7 @@ class Runtime:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         self.prediction_errors: List[float] = []
-        # The calibration fits the cost model's layouts, which cover cp == 1 only.
-        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) \
-            if s.recalibrate and self._plan_topology is self.topology else None
+        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._overhead_s = 0.0
         self._owned = None  # the accumulator's pieces this rank counts in the gradient norm
@@ -227,28 +225,16 @@ class Runtime:
 
     # ----------------------------------------------------------------------------- set-up
 
-    def _planning_view(self):
-        """The layouts and topology the planner sees. The cost model and planner cover cp == 1
-        only, so a layout with cp > 1 runs alone (a static run) and is planned as its
-        counterpart without cp on ``world / cp`` ranks: the same data replicas, stages and TP
-        groups, hence the same packing per replica; its predicted times and memory ignore the
-        split over cp (memory is over-estimated). Returns (layouts, topology)."""
-        cp_layouts = [l.name for l in self.candidates if l.cp > 1]
-        if not cp_layouts:
-            return self.candidates, self.topology
-        if len(self.candidates) > 1:
-            raise ValueError(f"candidate layouts {[l.name for l in self.candidates]}: a layout with cp > 1 "
-                             f"({', '.join(cp_layouts)}) runs alone, as a static run; the cost model and planner "
-                             f"weigh layouts with cp == 1 only")
-        layout = self.candidates[0]
-        world = self.world // layout.cp
-        per_node = self.topology.ranks_per_node
-        per_node = per_node // layout.cp if per_node % layout.cp == 0 else world
-        return [Layout(dp=layout.dp, tp=layout.tp, pp=layout.pp)], _C.Topology(world, per_node)
+    def _cost_model(self, hardware) -> "_C.CostModel":
+        """The planner's cost model of this runtime: its model and topology, ZeRO as set, cp
+        chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
+        gathers K/V before its attention call)."""
+        return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
+                         cp_min_chunk=CP_MIN_CHUNK)
 
     def _run_layout(self, planned) -> "_C.Layout":
-        """The layout a phase runs under, from the planner's layout (``_planning_view``)."""
-        names = [l.name for l in self._plan_candidates]
+        """The candidate a phase runs under, from the planner's layout."""
+        names = [l.name for l in self.candidates]
         return self.candidates[names.index(planned.name)]
 
     def _home(self, home, free) -> "_C.Layout":
@@ -282,7 +268,7 @@ class Runtime:
             reduced = [_NEVER_S if r else 0.0 for r in reduced]
         elif self.grad_method == "reduce":
             partial = None
-        return Planner(cost or self.cost, self._plan_candidates, home, params, reduced, partial,
+        return Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
                           max_context=self.max_context,
                           max_tokens_per_micro_batch=self.max_tokens_per_micro_batch or 0,
                           recompute=self.recompute_modes)
@@ -667,7 +653,7 @@ class Runtime:
         hardware = _C.HardwareProfile.from_dict(fields)
         self.hardware = hardware
         self._switch_scale, self._overhead_s = values[-2], values[-1]
-        self.cost = CostModel(self.config.cost_config(), hardware, self._plan_topology, zero=self.zero)
+        self.cost = self._cost_model(hardware)
         self.planner = self._build_planner()
         self._fit_vector = None
 

@@ -79,8 +79,8 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--adam-eps", "same"),
     _accepted("--seed", "same"),
     _accepted("--use-distributed-optimizer", "ZeRO-1 over the home layout's data-parallel group"),
-    _accepted("--context-parallel-size", "static runs: 2 * cp load-balanced chunks per sequence, K/V all-gathered; "
-              "refused with --hot-switch"),
+    _accepted("--context-parallel-size", "2 * cp load-balanced chunks per sequence, K/V all-gathered; with "
+              "--hot-switch the largest cp the planner may switch to"),
     _accepted("--recompute-granularity", "full or selective as Megatron-LM; auto: the planner chooses per phase"),
     _accepted("--recompute-method", "uniform only (block is refused with a message)"),
     _accepted("--recompute-num-layers", "layers per recomputed chunk under uniform"),

@@ -64,7 +64,9 @@ def main(argv=None) -> int:
     parser.add_argument("--recompute", default="auto",
                         help='activation recomputation the planner may choose per phase: "auto" (none, selective, '
                              'full) or a list, e.g. "none" or "none,full"')
-    parser.add_argument("--candidates", default="auto", help='"auto" or layouts, e.g. "dp8,dp2tp4,tp8"')
+    parser.add_argument("--candidates", default="auto", help='"auto" or layouts, e.g. "dp8,dp2tp4,tp8,dp2cp4"')
+    parser.add_argument("--context-parallel-size", type=int, default=1,
+                        help="with --candidates auto: the largest cp among the candidates (1: no cp layouts)")
     parser.add_argument("--home", default=None, help="home layout (default: the best static layout for the "
                                                      "max context)")
     parser.add_argument("--switch-costs", default="auto", choices=["auto", "plans", "estimate"],
@@ -90,8 +92,13 @@ def main(argv=None) -> int:
         model = _C.ModelConfig.preset(args.model)
         hardware = load_hardware(args.hardware)
         topology = _C.Topology(args.gpus, args.gpus_per_node)
+        if args.context_parallel_size < 1:
+            raise ValueError(f"--context-parallel-size must be >= 1, got {args.context_parallel_size}")
+        if args.context_parallel_size != 1 and args.candidates != "auto":
+            raise ValueError(f"--context-parallel-size({args.context_parallel_size}) bounds the cp of --candidates "
+                             f"auto; with listed candidates ({args.candidates}) name the cp layouts there")
         candidates = check_candidates(model, args.gpus, "auto" if args.candidates == "auto" else
-                                      [t for t in args.candidates.split(",") if t])
+                                      [t for t in args.candidates.split(",") if t], args.context_parallel_size)
         names = [l.name for l in candidates]
         home = None
         if args.home is not None:

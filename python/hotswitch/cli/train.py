@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     par.add_argument("--context-parallel-size", type=int, default=1,
-                     help="split every sequence over this many ranks (static runs)")
+                     help="static runs: split every sequence over this many ranks; with --hot-switch and "
+                          "--candidate-layouts auto: the largest cp among the candidates")
     par.add_argument("--hot-switch", action="store_true", help="plan a layout per bucket of every step")
     par.add_argument("--candidate-layouts", default="auto", help='"auto" or e.g. "dp4,dp2tp2,tp2pp2"')
     par.add_argument("--home-layout", default=None, help="layout of the master weights (default: chosen)")
@@ -240,9 +241,11 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     except ValueError as e:
         parser.error(str(e))
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    if args.hot_switch and cp != 1:
-        parser.error(f"--context-parallel-size({cp}) applies to static runs; with --hot-switch name cp layouts "
-                     f"in --candidate-layouts")
+    if cp < 1:
+        parser.error(f"--context-parallel-size must be >= 1, got {cp}")
+    if args.hot_switch and cp != 1 and args.candidate_layouts != "auto":
+        parser.error(f"--context-parallel-size({cp}) with --hot-switch bounds the cp of --candidate-layouts auto; "
+                     f"with listed layouts ({args.candidate_layouts}) name the cp layouts there")
     if world is not None and not args.hot_switch and world % (tp * pp * cp):
         parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) * context({cp}) "
                      f"parallel size")
@@ -264,19 +267,21 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
 
     ``--tensor-model-parallel-size``/``--pipeline-model-parallel-size``/``--context-parallel-size``
     give the static layout (dp = world / (tp * pp * cp)) without ``--hot-switch``; with it, ``--candidate-layouts`` and
-    ``--home-layout`` the planner's choices. ``--micro-batch-size`` times ``--seq-length``
+    ``--home-layout`` the planner's choices, ``--context-parallel-size`` the largest cp of
+    ``auto`` candidates. ``--micro-batch-size`` times ``--seq-length``
     caps a micro-batch's tokens; ``--use-distributed-optimizer`` is ZeRO-1;
     ``--recompute-granularity`` (and ``--recompute-num-layers``) the activation recomputation."""
     if args.hot_switch:
         home = args.home_layout
         candidates = "auto" if args.candidate_layouts == "auto" else \
             [Layout.parse(n.strip()) for n in args.candidate_layouts.split(",") if n.strip()]
+        max_cp = args.context_parallel_size
     else:
         tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
         home = Layout(dp=world // (tp * pp * cp), tp=tp, pp=pp, cp=cp)
-        candidates = [home]
+        candidates, max_cp = [home], 1
     return RuntimeConfig(
-        candidates=candidates, home=home, hardware=load_hardware(args.hardware),
+        candidates=candidates, max_cp=max_cp, home=home, hardware=load_hardware(args.hardware),
         memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 2**30),
         max_context=args.seq_length,
         max_tokens_per_micro_batch=None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length,
@@ -504,6 +509,7 @@ def _summary(results, runtime, world: int) -> dict:
         "pred_error_median": round(statistics.median(warm), 4) if warm else None,
         "layouts": sorted({l for r in results for l in r.layouts}),
         "home": runtime.home.name,
+        "candidates": [l.name for l in runtime.candidates],
         # What the first step planned with: --hardware's, or measured here (--micro-batch-overhead).
         "planned_layer_overhead_seconds": runtime.settings.hardware.layer_overhead_seconds,
     }

@@ -75,7 +75,9 @@ def test_a_checkpoint_of_one_rank_resumes_on_two(tmp_path, full_run):
     (["--save-interval", "2"], "--save-interval 2 needs --save"),
     (["--tensor-model-parallel-size", "3"], "world(2) is not divisible by tensor(3)"),
     (["--context-parallel-size", "4"], "world(2) is not divisible by tensor(1) * pipeline(1) * context(4)"),
-    (["--context-parallel-size", "2", "--hot-switch"], "--context-parallel-size(2) applies to static runs"),
+    (["--context-parallel-size", "2", "--hot-switch", "--candidate-layouts", "dp2,tp2"],
+     "--context-parallel-size(2) with --hot-switch bounds the cp of --candidate-layouts auto"),
+    (["--context-parallel-size", "0"], "--context-parallel-size must be >= 1, got 0"),
     (["--num-attention-heads", "3"], "num_attention_heads(3)"),
     (["--data-path", "/nonexistent/texts"], "/nonexistent/texts"),
     (["--hardware", "tpu"], "'tpu'"),
@@ -102,10 +104,17 @@ def test_a_context_parallel_run_equals_data_parallel_and_its_checkpoint_resumes_
     assert out.returncode == 0, out.stderr[-3000:]
     out = _train(1, *common, "--train-iters", "3", "--load", ckpt, "--summary-json", rest)
     assert out.returncode == 0, out.stderr[-3000:]
-    cp, dp, rest = (json.load(open(p)) for p in (cp, dp, rest))
+    hot = str(tmp_path / "hot.json")
+    # Under --hot-switch the same argument bounds the cp of the planner's candidates.
+    out = _train(2, *common, "--hot-switch", "--context-parallel-size", "2", "--train-iters", "2",
+                 "--summary-json", hot)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cp, dp, rest, hot = (json.load(open(p)) for p in (cp, dp, rest, hot))
     assert cp["layouts"] == ["cp2"] and dp["layouts"] == ["dp2"]
     assert cp["losses"] == pytest.approx(dp["losses"][:2], rel=1e-5, abs=0)
     assert rest["steps"] == 1 and rest["losses"] == pytest.approx(dp["losses"][2:], rel=1e-5, abs=0)
+    assert "cp2" in hot["candidates"] and "dp2" in hot["candidates"], hot["candidates"]
+    assert hot["losses"] == pytest.approx(dp["losses"][:2], rel=1e-5, abs=0)
 
 
 def test_megatron_log_lines_and_metrics_file(tmp_path):

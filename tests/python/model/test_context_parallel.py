@@ -4,6 +4,8 @@ plus unit tests of how a pack is cut over the cp ranks.
 Tolerances as in test_model.py: fp32 sums in another order, AdamW with eps = 1e-6.
 """
 
+import random
+
 import pytest
 import torch
 
@@ -148,3 +150,17 @@ def test_context_attention_equals_pack_attention_row_by_row(cp):
         mine = sp.index >= 0
         assert torch.allclose(out[mine], expected[sp.index[mine]], atol=1e-6), cp
         assert not out[~mine].any()
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4, 8])
+def test_the_cost_model_deals_a_pack_as_the_model_splits_it(cp):
+    # The planner prices each cp rank's part (hotswitch._C.context_split_loads); it must be the
+    # part the model computes, for packs of long and short sequences alike.
+    rng = random.Random(cp)
+    for _ in range(20):
+        lengths = [rng.choice([1, 2, 5, 2 * cp * CP_MIN_CHUNK - 1, 2 * cp * CP_MIN_CHUNK, rng.randrange(1, 600)])
+                   for _ in range(rng.randrange(1, 12))]
+        pieces = split_sequences(lengths, cp)
+        expected = [(sum(b - a for _, a, b in p), sum((b * (b + 1) - a * (a + 1)) / 2 for _, a, b in p),
+                     len({s for s, _, _ in p})) for p in pieces]
+        assert [tuple(x) for x in hs._C.context_split_loads(lengths, cp, CP_MIN_CHUNK)] == expected, lengths

@@ -170,6 +170,27 @@ def test_a_static_context_parallel_run_equals_single_process(reference, layout):
     _check_equal(out[0], reference)
 
 
-def test_cp_layouts_run_alone():
-    for message in run_world(4, w.mixed_cp_candidates, timeout=300):
-        assert message is not None and "dp2cp2" in message and "runs alone" in message, message
+def test_the_runtime_plans_cp_layouts_with_their_own_memory():
+    for budgets, home in run_world(4, w.cp_cost_model_in_runtime, timeout=300):
+        assert {name: cp for name, (_, cp) in budgets.items()} == {"dp4": 1, "dp2cp2": 2, "cp4": 4}
+        # Activations divide over the cp ranks: only cp4 holds the max context.
+        assert budgets["dp4"][0] < budgets["dp2cp2"][0] < w.MAX_CONTEXT <= budgets["cp4"][0], budgets
+        assert home == "cp4"
+
+
+@pytest.mark.parametrize("zero,grad_method", [(False, "auto"), (True, "reduce")])
+def test_switching_to_and_from_cp_layouts_within_a_step_equals_single_process(reference, zero, grad_method):
+    out = run_world(4, w.train, ["dp4", "dp2cp2", "cp4"], zero, grad_method, True, w.STEPS, False, "dp4",
+                    w.CP_BUDGET, timeout=600)
+    steps = out[0][0]
+    assert out[0][2] == "dp4"
+    assert all(o[0] == steps for o in out), "ranks report different steps"
+    assert all(o[3] for o in out), "copies of a weight differ between ranks"
+    ran = [layouts for _, layouts, *_ in steps]
+    # The long sequences need cp4; the short ones of the same step run under another layout.
+    assert all("cp4" in layouts for layouts in ran), ran
+    assert sum(len(layouts) >= 2 for layouts in ran) >= 2, ran
+    if grad_method == "reduce":
+        # Reduced over dp x cp, then switched into the home accumulator.
+        assert {m for _, _, methods, *_ in steps for m in methods} <= {"reduce", "local"}, steps
+    _check_equal(out[0], reference)

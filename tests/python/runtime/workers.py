@@ -7,19 +7,25 @@ import torch
 import hotswitch as hs
 from hotswitch.testing.scenarios import BUDGET, LR, MAX_CONTEXT, STEPS, TINY, batch, hardware
 
+# Bytes per rank under which dp4 holds micro-batches of ~80 tokens, dp2cp2 ~150 and only cp4
+# (activations over 4 cp ranks) the max context: long sequences run under cp4, short ones
+# elsewhere, within a step.
+CP_BUDGET = 1_700_000
+
 
 def _numpy(shards):
     return {k: v.detach().cpu().numpy().copy() for k, v in shards.items()}
 
 
 def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, steps=STEPS, recalibrate=False,
-          home=None):
+          home=None, budget=BUDGET):
     """Trains the steps; returns per step (loss, layouts, grad methods, target tokens, and
     without re-calibration the planner's (layout, grad method) of each phase), the full
-    weights (rank 0 only), the home layout and whether every copy of a weight is the same."""
+    weights (rank 0 only), the home layout and whether every copy of a weight is the same.
+    ``budget``: bytes per rank the plans respect."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=tied)
     # World 1 holds the whole model on one rank: no budget there.
-    budget = BUDGET if world > 1 else 1 << 40
+    budget = budget if world > 1 else 1 << 40
     rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(budget), max_context=MAX_CONTEXT,
                     zero=zero, grad_method=grad_method, seed=7, recalibrate=recalibrate,
                     optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
@@ -210,8 +216,7 @@ def unscaled(rank, world, candidates):
 
 
 def train_static_cp(rank, world, layout):
-    """``train`` under one static cp layout (no memory budget: the cost model, which covers
-    cp == 1, plans it as its counterpart without cp and over-estimates its memory)."""
+    """``train`` under one static cp layout, without a memory budget."""
     torch.set_num_threads(1)
     cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
     rt = hs.Runtime(cfg, candidates=[layout], hardware=hardware(1 << 40), max_context=MAX_CONTEXT, seed=7,
@@ -224,11 +229,11 @@ def train_static_cp(rank, world, layout):
     return out, _numpy(weights) if rank == 0 else None, rt.home.name, True
 
 
-def mixed_cp_candidates(rank, world):
-    """The message of building a runtime whose candidates mix cp and cp == 1 layouts."""
+def cp_cost_model_in_runtime(rank, world):
+    """The runtime's planner prices cp layouts itself: (per candidate name, its micro-batch
+    budget and terms' cp) under a budget where cp4 alone holds the max context."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
-    try:
-        hs.Runtime(cfg, candidates=["dp4", "dp2cp2"], hardware=hardware(1 << 40), max_context=MAX_CONTEXT)
-    except ValueError as e:
-        return str(e)
-    return None
+    rt = hs.Runtime(cfg, candidates=["dp4", "dp2cp2", "cp4"], hardware=hardware(CP_BUDGET), max_context=MAX_CONTEXT,
+                    recalibrate=False)
+    return {l.name: (rt.planner.micro_batch_budget(i), rt.planner.candidate_model(i).terms.cp)
+            for i, l in enumerate(rt.candidates)}, rt.home.name
