@@ -24,6 +24,13 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
   run), over the home layout fixed for the run (the best static layout for a batch that must
   hold the max context, as ``python -m hotswitch.cli.plan`` picks it), and the share of the step spent
   switching.
+- Context parallelism: LLaMA-7B at a 128K context (longer documents truncated), every layout
+  with cp up to 8 (a node) and every recompute mode among the candidates, against the same
+  without cp layouts (``sim_speedup_cp_vs_no_cp``), and against the home layout fixed for the
+  run (``sim_speedup_vs_home_cp``), over ``wlbllm.lengths`` and the long tail of
+  ``wikipedia.lengths`` (documents of 8K tokens or more), 4 sequences per GPU, on 32 and 256
+  GPUs (32 only with ``--quick``); switch costs from receive volumes. Planning time with cp
+  layouts among the candidates: ``plan_ms_p50_1024seq_32gpu_cp`` (32K context, as the first).
 
     /usr/bin/python3 -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
 """
@@ -56,6 +63,14 @@ MILP_MEMORY_GIB = 48
 OPTIONS = dict(max_context=MAX_CONTEXT, long_sequences="truncate")
 # Every candidate weighed with and without activation recomputation (the plan CLI's default).
 RECOMPUTE_ALL = ("none", "selective", "full")
+# Context parallelism: cp up to a node, 128K context, steps of a few long documents per GPU
+# over wlbllm.lengths and the long tail of wikipedia.lengths (documents of 8K tokens or more).
+CP_MAX = 8
+CP_MAX_CONTEXT = 131072
+CP_GPUS, CP_GPUS_QUICK = (32, 256), (32,)  # switch costs among 110 candidates of 256 GPUs take ~1 min
+CP_SEQUENCES_PER_GPU = 4
+CP_TAIL_FROM = 8192
+CP_STEPS, CP_STEPS_QUICK = 6, 2
 
 
 def load_distributions(data_dir: str) -> dict:
@@ -74,12 +89,14 @@ def load_distributions(data_dir: str) -> dict:
 
 class Setups:
     """Planners per (GPUs, home), their switch costs built once per world and home; each
-    phase may run with the ``recompute`` modes."""
+    phase may run with the ``recompute`` modes; the candidates are every layout the model
+    divides with cp up to ``max_cp``; switch costs by ``method`` (``planning.switch_costs``)."""
 
-    def __init__(self, hardware, recompute=("none",)):
+    def __init__(self, hardware, recompute=("none",), max_cp=1, max_context=MAX_CONTEXT, method="auto"):
         self.model = hs.ModelConfig.preset(MODEL)
         self.hardware = hardware
-        self.options = dict(OPTIONS, recompute=list(recompute))
+        self.max_cp, self.max_context, self.method = max_cp, max_context, method
+        self.options = dict(OPTIONS, max_context=max_context, recompute=list(recompute))
         self.planners = {}
         self.caches = {}
 
@@ -87,20 +104,21 @@ class Setups:
         """The layout a Megatron-LM user would fix: the best static one for a batch that
         must hold the max context (as ``python -m hotswitch.cli.plan`` picks it)."""
         topology = hs.Topology(gpus, GPUS_PER_NODE)
-        candidates = planning.auto_candidates(self.model, gpus)
+        candidates = planning.auto_candidates(self.model, gpus, self.max_cp)
         n = len(candidates)
         probe = hs.Planner(hs.CostModel(self.model, self.hardware, topology, zero=True), candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **self.options)
-        return probe.plan([min(s, MAX_CONTEXT) for s in batch] + [MAX_CONTEXT]).best_static_candidate
+        cap = self.max_context
+        return probe.plan([min(s, cap) for s in batch] + [cap]).best_static_candidate
 
     def planner(self, gpus: int, home: int):
         key = (gpus, home)
         if key not in self.planners:
             topology = hs.Topology(gpus, GPUS_PER_NODE)
-            candidates = planning.auto_candidates(self.model, gpus)
+            candidates = planning.auto_candidates(self.model, gpus, self.max_cp)
             t0 = time.perf_counter()
             self.planners[key] = planning.build_planner(self.model, self.hardware, topology, candidates, home,
-                                                        **self.options)
+                                                        method=self.method, **self.options)
             print(f"  {gpus} GPUs: {len(candidates)} candidates, home {candidates[home].name}, switch costs in "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return self.planners[key]
@@ -173,6 +191,55 @@ def milp_gaps(dists, hardware, cases, time_limit, seed):
     return rows, longest, left_out
 
 
+def context_parallel(dists, hardware, steps, seed, gpu_counts=CP_GPUS) -> dict:
+    """Hot switching with cp layouts among the candidates against without, at the 128K
+    context (module docstring): per distribution and GPUs, predicted seconds of the same
+    steps; each planner's home is its own best static layout for a batch holding the max
+    context."""
+    out = {"sim_speedup_cp_vs_no_cp": {}, "sim_speedup_vs_home_cp": {}, "sim_speedup_vs_static_cp": {},
+           "sim_layouts_cp": {}, "cp_max": CP_MAX, "cp_max_context": CP_MAX_CONTEXT, "cp_steps": steps}
+    with_cp = Setups(hardware, RECOMPUTE_ALL, max_cp=CP_MAX, max_context=CP_MAX_CONTEXT, method="estimate")
+    without = Setups(hardware, RECOMPUTE_ALL, max_cp=1, max_context=CP_MAX_CONTEXT, method="estimate")
+    print(f"context parallelism: {MODEL}, max context {CP_MAX_CONTEXT}, cp up to {CP_MAX}, "
+          f"{CP_SEQUENCES_PER_GPU} sequences per GPU, every recompute mode (predictions):")
+    print(f"{'distribution':<22}{'GPUs':>6}{'cp vs no cp':>13}{'vs home':>9}{'vs static':>11}  layouts used (phases)")
+    tails = {"wlbllm": dists.get("wlbllm")}
+    if "wikipedia" in dists:
+        tails[f"wikipedia>={CP_TAIL_FROM}"] = [s for s in dists["wikipedia"] if s >= CP_TAIL_FROM]
+    if not any(v for v in tails.values()):  # other data: the tail of each distribution
+        tails = {f"{n}>={CP_TAIL_FROM}": [s for s in l if s >= CP_TAIL_FROM] for n, l in dists.items()}
+    for name, lengths in tails.items():
+        if not lengths:
+            continue
+        for key in out:
+            if isinstance(out[key], dict):
+                out[key][name] = {}
+        for gpus in gpu_counts:
+            batch = CP_SEQUENCES_PER_GPU * gpus
+            rng = random.Random(seed)
+            probe = [rng.choice(lengths) for _ in range(batch)]
+            sims = {}
+            for label, setups in (("cp", with_cp), ("no_cp", without)):
+                home = setups.home(gpus, probe)
+                planner = setups.planner(gpus, home)
+                sims[label] = simulate(planner, lengths, steps, batch, seed=seed + 1)
+                if label == "cp":
+                    fixed = hs.Planner(planner.cost, [planner.candidates[home]], 0, [[0.0]], [0.0],
+                                       **setups.options)
+                    sims["home"] = simulate(fixed, lengths, steps, batch, seed=seed + 1)
+            cp = sims["cp"]
+            out["sim_speedup_cp_vs_no_cp"][name][str(gpus)] = sims["no_cp"]["hot_s"] / cp["hot_s"]
+            out["sim_speedup_vs_home_cp"][name][str(gpus)] = sims["home"]["hot_s"] / cp["hot_s"]
+            out["sim_speedup_vs_static_cp"][name][str(gpus)] = cp["static_s"] / cp["hot_s"]
+            used = sorted(cp["layouts"].items(), key=lambda kv: -kv[1])
+            out["sim_layouts_cp"][name][str(gpus)] = dict(used)
+            print(f"{name:<22}{gpus:>6}{out['sim_speedup_cp_vs_no_cp'][name][str(gpus)]:>12.3f}x"
+                  f"{out['sim_speedup_vs_home_cp'][name][str(gpus)]:>8.3f}x"
+                  f"{out['sim_speedup_vs_static_cp'][name][str(gpus)]:>10.3f}x  "
+                  + " ".join(f"{l}:{c}" for l, c in used[:6]))
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,8 +268,15 @@ def main(argv=None) -> int:
     ms32r, _ = plan_times(Setups(hardware, RECOMPUTE_ALL), dists, 32, 1024, timing_steps, args.seed)
     out["plan_ms_p50_1024seq_32gpu_recompute"] = ms32r
     out["plan_ms_p50_4096seq_256gpu"] = ms256
+    # cp layouts among the candidates (cp up to a node): the same steps, switch costs from
+    # receive volumes (plans for 52 candidates take minutes; the planner's time does not
+    # depend on the costs' values).
+    ms32cp, _ = plan_times(Setups(hardware, max_cp=CP_MAX, method="estimate"), dists, 32, 1024, timing_steps,
+                           args.seed)
+    out["plan_ms_p50_1024seq_32gpu_cp"] = ms32cp
     out["plan_ms_p50_by_distribution"] = {"1024seq_32gpu": per32, "4096seq_256gpu": per256}
-    print(f"planning: 1024 sequences on 32 GPUs {ms32:.1f} ms ({ms32r:.1f} ms weighing recomputation), 4096 on "
+    print(f"planning: 1024 sequences on 32 GPUs {ms32:.1f} ms ({ms32r:.1f} ms weighing recomputation, "
+          f"{ms32cp:.1f} ms with cp layouts up to cp{CP_MAX}), 4096 on "
           f"256 GPUs {ms256:.1f} ms (median of {timing_steps} steps per distribution)")
 
     rows, longest, left_out = milp_gaps(dists, hardware, cases, time_limit, args.seed)
@@ -263,6 +337,8 @@ def main(argv=None) -> int:
     out["sim_speedup_vs_static"] = speedup
     out["sim_switch_share"] = share
     out["sim_speedup_vs_home"] = vs_home
+    out.update(context_parallel(dists, hardware, CP_STEPS_QUICK if args.quick else CP_STEPS, args.seed,
+                                CP_GPUS_QUICK if args.quick else CP_GPUS))
     out["seconds"] = time.perf_counter() - start
 
     print("RESULT " + json.dumps(rounded(out)))
