@@ -224,3 +224,26 @@ def test_recompute_lets_a_long_context_plan_and_only_its_phase_pays(tmp_path, ca
     assert any(p[2] == "none" for p in phases), phases  # short buckets skip recomputation
     for p in phases:
         assert 0 < float(p[9]) <= 80  # peak GiB within an a800
+
+
+def test_context_parallel_size_adds_cp_layouts_that_take_the_longest_documents(tmp_path, capsys):
+    # 128K documents among short ones on 8 GPUs: the layouts with cp up to 8 join the candidates
+    # and the dry run shows the lengths each phase takes.
+    path = tmp_path / "long.lengths"
+    path.write_text("\n".join(str(n) for n in [131072, 90000] + [300, 1200, 4000] * 20) + "\n")
+    argv = ["--gpus", "8", "--lengths", str(path), "--global-batch", "62", "--max-context", "131072",
+            "--hardware", "h100", "--seed", "1"]
+    assert cli.main(argv + ["--context-parallel-size", "8"]) == 0
+    out = capsys.readouterr()
+    assert out.err.startswith("20 candidate layouts"), out.err  # 10 without cp, 6 with cp2, 3 with cp4, cp8
+    phases = [m.groups() for m in map(_PHASE.match, out.out.splitlines()) if m]
+    layouts = {p[1]: (int(p[4]), int(p[5])) for p in phases}
+    cp = {name: span for name, span in layouts.items() if hs.Layout.parse(name).cp > 1}
+    assert cp and max(hi for _, hi in cp.values()) == 131072, layouts
+    assert any(hs.Layout.parse(name).cp == 1 and lo == 300 for name, (lo, _) in layouts.items()), layouts
+    with pytest.raises(SystemExit):
+        cli.main(argv + ["--context-parallel-size", "0"])
+    assert "--context-parallel-size must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(argv + ["--context-parallel-size", "2", "--candidates", "dp8,tp8"])
+    assert "name the cp layouts there" in capsys.readouterr().err
