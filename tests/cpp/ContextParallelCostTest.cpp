@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "CostFixtures.h"
 #include "TestUtil.h"
 #include "common/Check.h"
 #include "planner/CostModel.h"
@@ -15,28 +16,13 @@
 namespace hotswitch {
 namespace {
 
-// 2 layers, hidden 8, 2 heads of which 1 K/V group (GQA: kv = 4), FFN 16, vocab 10, bf16.
-ModelConfig tiny() {
-  ModelConfig m;
-  m.name = "tiny";
-  m.numLayers = 2;
-  m.hiddenSize = 8;
-  m.numAttentionHeads = 2;
-  m.numQueryGroups = 1;
-  m.ffnHiddenSize = 16;
-  m.vocabSize = 10;
-  return m;
-}
+// CostFixtures.h's model with 1 K/V group (GQA: kv = 4).
+ModelConfig tiny() { return testing::tinyModel(1); }
 
+// Its unit hardware with attention at half the products' rate, latencies and fixed costs.
 HardwareProfile unitHardware() {
-  HardwareProfile h;
-  h.name = "unit";
-  h.peakFlops = 1e6;
-  h.efficiency = 1.0;
+  HardwareProfile h = testing::unitHardware();
   h.attentionEfficiency = 0.5;
-  h.memoryBytes = 1 << 20;
-  h.intraNodeBandwidth = 1e3;
-  h.interNodeBandwidth = 1e2;
   h.intraNodeLatency = 1e-3;
   h.interNodeLatency = 1e-2;
   h.layerOverheadSeconds = 0.25;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "PlanChecks.h"
 #include "TestModels.h"
 #include "common/Check.h"
 #include "redistribute/RedistributionPlan.h"
@@ -42,20 +43,7 @@ std::vector<Layout> allLayouts(int world, int orders) {
   return out;
 }
 
-struct CpCase {
-  int world;
-  int ranksPerNode;
-  PlacementKind fromKind;
-  PlacementKind toKind;
-  bool tied = false;
-  bool timed = false;  // balance send time over links of 200 and 25 GB/s
-};
-
-std::string caseName(const ::testing::TestParamInfo<CpCase>& info) {
-  const CpCase& c = info.param;
-  return str("w", c.world, "_n", c.world / c.ranksPerNode, "_", placementKindName(c.fromKind), "_",
-             placementKindName(c.toKind), c.tied ? "_tied" : "", c.timed ? "_timed" : "");
-}
+using CpCase = testing::PlanCase;
 
 class ContextParallelPlanTest : public ::testing::TestWithParam<CpCase> {};
 
@@ -71,42 +59,11 @@ TEST_P(ContextParallelPlanTest, EveryPairWithCpDeliversExactlyTheLowerBound) {
   // Worlds above 4 take Megatron's order and dp fastest: every order of the four axes would
   // take minutes there, and worlds 2 and 4 already cover every order.
   std::vector<Layout> layouts = allLayouts(c.world, c.world <= 4 ? 4 : 2);
-  PlanOptions options;
-  if (c.timed) {
-    options.intraNodeBandwidth = 200e9;
-    options.interNodeBandwidth = 25e9;
-  }
   int pairs = 0;
   for (const Layout& a : layouts) {
     for (const Layout& b : layouts) {
       if (a.cp() == 1 && b.cp() == 1) continue;
-      Placement from = Placement::make(set, a, c.fromKind);
-      Placement to = Placement::make(set, b, c.toKind);
-      RedistributionPlan plan = RedistributionPlan::build(set, from, to, topo, options);
-      auto report = simulate(set, from, to, topo, plan);
-      SCOPED_TRACE(from.key() + " -> " + to.key());
-      EXPECT_EQ(report.wrongValue, 0);
-      EXPECT_EQ(report.wrongWrites, 0);
-      EXPECT_EQ(report.strayWrites, 0);
-      EXPECT_EQ(plan.stats.bytesMoved, report.lowerBoundBytes);
-      EXPECT_EQ(plan.stats.lowerBoundBytes, report.lowerBoundBytes);
-      EXPECT_EQ(plan.stats.interNodeBytes, report.lowerBoundInterNodeBytes);
-      EXPECT_EQ(plan.stats.sameNodeFirstMaxSendBytes,
-                testing::smallestLargestSend(report.sameNodeFirstSenders, c.world));
-      EXPECT_GE(plan.stats.maxSendBytes, plan.stats.sameNodeFirstMaxSendBytes);
-      if (c.timed) {
-        EXPECT_GE(plan.stats.maxSendSeconds, plan.stats.sameNodeFirstMaxSendSeconds * (1 - 1.0 / 256));
-      } else {
-        EXPECT_LE(plan.stats.maxSendBytes, plan.stats.sameNodeFirstMaxSendBytes + 4 * c.world * 4);
-      }
-      if (a == b && c.fromKind == c.toKind) EXPECT_EQ(plan.stats.bytesMoved, 0);
-      RedistributionPlan again = RedistributionPlan::build(set, from, to, topo, options);
-      ASSERT_EQ(again.messages.size(), plan.messages.size());
-      for (size_t i = 0; i < plan.messages.size(); ++i) {
-        ASSERT_EQ(again.messages[i].segments.size(), plan.messages[i].segments.size());
-        EXPECT_EQ(again.messages[i].src, plan.messages[i].src);
-        EXPECT_EQ(again.messages[i].dst, plan.messages[i].dst);
-      }
+      testing::expectLowerBoundPlan(set, a, b, topo, c, true);
       ++pairs;
     }
   }
@@ -135,7 +92,7 @@ std::vector<CpCase> cpCases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, ContextParallelPlanTest, ::testing::ValuesIn(cpCases()), caseName);
+INSTANTIATE_TEST_SUITE_P(Worlds, ContextParallelPlanTest, ::testing::ValuesIn(cpCases()), testing::planCaseName);
 
 // cp is a replica axis for parameters: cp2 and dp2 hold the same shards on the same ranks
 // under Megatron's order, so switching between them moves nothing, and a cp2 partial gradient

@@ -4,39 +4,17 @@
 
 #include <limits>
 
+#include "CostFixtures.h"
 #include "TestUtil.h"
 #include "common/Check.h"
 
 namespace hotswitch {
 namespace {
 
-// A model small enough to count by hand: 2 layers, hidden 8, 2 heads (no GQA), FFN 16,
+// The hand-countable model of CostFixtures.h: 2 layers, hidden 8, 2 heads (no GQA), FFN 16,
 // vocab 10, bf16.
-ModelConfig tiny() {
-  ModelConfig m;
-  m.name = "tiny";
-  m.numLayers = 2;
-  m.hiddenSize = 8;
-  m.numAttentionHeads = 2;
-  m.numQueryGroups = 2;
-  m.ffnHiddenSize = 16;
-  m.vocabSize = 10;
-  return m;
-}
-
-HardwareProfile unitHardware() {
-  HardwareProfile h;
-  h.name = "unit";
-  h.peakFlops = 1e6;
-  h.efficiency = 1.0;
-  h.attentionEfficiency = 1.0;
-  h.memoryBytes = 1 << 20;
-  h.intraNodeBandwidth = 1e3;
-  h.interNodeBandwidth = 1e2;
-  h.intraNodeLatency = 0;
-  h.interNodeLatency = 0;
-  return h;
-}
+ModelConfig tiny() { return testing::tinyModel(); }
+using testing::unitHardware;
 
 TEST(CostModelTest, ParameterCountsByHand) {
   ModelConfig m = tiny();

@@ -7,6 +7,7 @@
 #include <random>
 #include <tuple>
 
+#include "CostFixtures.h"
 #include "TestUtil.h"
 #include "common/Check.h"
 
@@ -94,33 +95,10 @@ TEST(PlannerTest, FreeSwitchesNeverLoseToStatic) {
   EXPECT_LE(plan.totalSeconds, plan.bestStaticSeconds + 1e-9);  // the exact fallback
 }
 
-// A model small enough to compute by hand (see CostModelTest): 2 layers, hidden 8, 2 heads,
+// The hand-countable model and hardware of CostFixtures.h: 2 layers, hidden 8, 2 heads,
 // FFN 16, vocab 10, on unit hardware (1e6 FLOP/s, 1e3 B/s, no latency or overhead).
-ModelConfig tinyModel() {
-  ModelConfig m;
-  m.name = "tiny";
-  m.numLayers = 2;
-  m.hiddenSize = 8;
-  m.numAttentionHeads = 2;
-  m.numQueryGroups = 2;
-  m.ffnHiddenSize = 16;
-  m.vocabSize = 10;
-  return m;
-}
-
-HardwareProfile unitHardware() {
-  HardwareProfile h;
-  h.name = "unit";
-  h.peakFlops = 1e6;
-  h.efficiency = 1.0;
-  h.attentionEfficiency = 1.0;
-  h.memoryBytes = 1 << 20;
-  h.intraNodeBandwidth = 1e3;
-  h.interNodeBandwidth = 1e2;
-  h.intraNodeLatency = 0;
-  h.interNodeLatency = 0;
-  return h;
-}
+using testing::tinyModel;
+using testing::unitHardware;
 
 // dp2 (home), tp2, pp2 of world 2.
 Planner tinyPlanner(std::vector<std::vector<double>> sw, std::vector<double> reduced, std::vector<double> partial,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "PlanChecks.h"
 #include "TestModels.h"
 #include "common/Check.h"
 
@@ -14,20 +15,7 @@ namespace {
 using testing::simulate;
 using testing::transformerSet;
 
-struct GridCase {
-  int world;
-  int ranksPerNode;
-  PlacementKind fromKind;
-  PlacementKind toKind;
-  bool tied = false;
-  bool timed = false;  // balance send time over links of 200 and 25 GB/s
-};
-
-std::string caseName(const ::testing::TestParamInfo<GridCase>& info) {
-  const GridCase& c = info.param;
-  return str("w", c.world, "_n", c.world / c.ranksPerNode, "_", placementKindName(c.fromKind), "_",
-             placementKindName(c.toKind), c.tied ? "_tied" : "", c.timed ? "_timed" : "");
-}
+using GridCase = testing::PlanCase;
 
 class PlanGridTest : public ::testing::TestWithParam<GridCase> {};
 
@@ -41,47 +29,10 @@ TEST_P(PlanGridTest, EveryPairDeliversExactlyTheLowerBound) {
   Topology topo(c.world, c.ranksPerNode);
   TensorSet set = transformerSet(c.world, 2 * c.world, c.tied);
   std::vector<Layout> layouts = Layout::enumerate(c.world);
-  PlanOptions options;
-  if (c.timed) {
-    options.intraNodeBandwidth = 200e9;
-    options.interNodeBandwidth = 25e9;
-  }
   int pairs = 0;
   for (const Layout& a : layouts) {
     for (const Layout& b : layouts) {
-      Placement from = Placement::make(set, a, c.fromKind);
-      Placement to = Placement::make(set, b, c.toKind);
-      RedistributionPlan plan = RedistributionPlan::build(set, from, to, topo, options);
-      auto report = simulate(set, from, to, topo, plan);
-      SCOPED_TRACE(from.key() + " -> " + to.key());
-      EXPECT_EQ(report.wrongValue, 0);
-      EXPECT_EQ(report.wrongWrites, 0);
-      EXPECT_EQ(report.strayWrites, 0);
-      EXPECT_EQ(plan.stats.bytesMoved, report.lowerBoundBytes);
-      EXPECT_EQ(plan.stats.lowerBoundBytes, report.lowerBoundBytes);
-      EXPECT_EQ(plan.stats.interNodeBytes, report.lowerBoundInterNodeBytes);
-      if (c.world <= 12) {
-        EXPECT_EQ(plan.stats.sameNodeFirstMaxSendBytes,
-                  testing::smallestLargestSend(report.sameNodeFirstSenders, c.world));
-      }
-      EXPECT_GE(plan.stats.maxSendBytes, plan.stats.sameNodeFirstMaxSendBytes);
-      if (c.timed) {
-        EXPECT_GE(plan.stats.maxSendSeconds, plan.stats.sameNodeFirstMaxSendSeconds * (1 - 1.0 / 256));
-      } else {
-        EXPECT_LE(plan.stats.maxSendBytes, plan.stats.sameNodeFirstMaxSendBytes + 4 * c.world * 4);
-      }
-      if (a == b && c.fromKind == c.toKind) EXPECT_EQ(plan.stats.bytesMoved, 0);
-      RedistributionPlan again = RedistributionPlan::build(set, from, to, topo, options);
-      ASSERT_EQ(again.messages.size(), plan.messages.size());
-      for (size_t i = 0; i < plan.messages.size(); ++i) {
-        ASSERT_EQ(again.messages[i].segments.size(), plan.messages[i].segments.size());
-        EXPECT_EQ(again.messages[i].src, plan.messages[i].src);
-        EXPECT_EQ(again.messages[i].dst, plan.messages[i].dst);
-        for (size_t j = 0; j < plan.messages[i].segments.size(); ++j) {
-          EXPECT_EQ(again.messages[i].segments[j].box, plan.messages[i].segments[j].box);
-          EXPECT_EQ(again.messages[i].segments[j].srcOffset, plan.messages[i].segments[j].srcOffset);
-        }
-      }
+      testing::expectLowerBoundPlan(set, a, b, topo, c, c.world <= 12);
       ++pairs;
     }
   }
@@ -107,7 +58,7 @@ std::vector<GridCase> gridCases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, PlanGridTest, ::testing::ValuesIn(gridCases()), caseName);
+INSTANTIATE_TEST_SUITE_P(Worlds, PlanGridTest, ::testing::ValuesIn(gridCases()), testing::planCaseName);
 
 TEST(RedistributionPlanTest, ReplicasShareTheSends) {
   // tp4 -> dp4 on 4 ranks: every rank needs the three quarters it lacks; each quarter has
