@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 import hotswitch as hs
+from benchmarks import rounded
 from hotswitch.model.context import split_sequences
 from hotswitch.testing.harness import run_world
 
@@ -216,7 +217,7 @@ def main(argv=None):
            "loss_rel_diff_max": loss_diff, "allgather_attention_tokens_per_s": gather_tps,
            "ring_attention_tokens_per_s": ring_tps, "allgather_over_ring": gather_tps / ring_tps,
            "ring_vs_allgather_max_abs_diff": ring_diff, "repeats": repeats, "seconds": time.perf_counter() - start}
-    print("RESULT " + json.dumps(out))
+    print("RESULT " + json.dumps(rounded(out)))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import hotswitch as hs
+from benchmarks import rounded
 from hotswitch import _C
 from hotswitch.analysis import switch_lp
 from hotswitch.hardware import load_hardware
@@ -346,13 +347,6 @@ def main(argv=None):
     if args.only != "plans":
         result.update(executed(3 if args.quick else 9))
     result["seconds"] = round(time.perf_counter() - start, 1)
-    def rounded(v):
-        if isinstance(v, float):
-            return round(v, 4)
-        if isinstance(v, dict):
-            return {k: rounded(x) for k, x in v.items()}
-        return v
-
     print("RESULT " + json.dumps(rounded(result)))
 
 

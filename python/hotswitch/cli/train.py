@@ -10,7 +10,8 @@ Arguments follow Megatron-LM's names; those of Megatron-LM that change nothing h
 ignored with a warning, those it cannot honour are refused (hotswitch.cli.megatron_args).
 Without ``--hot-switch`` the run is static: one layout, dp = world / (tp * pp * cp), from
 ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size`` and ``--context-parallel-size``. With it, every step
-is planned over the candidate layouts. Gloo on CPU, NCCL when CUDA is available.
+is planned over the candidate layouts (``--candidate-layouts auto``: every layout the model divides, with cp up to
+``--context-parallel-size``). Gloo on CPU, NCCL when CUDA is available.
 """
 
 import argparse

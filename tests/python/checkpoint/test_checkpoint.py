@@ -26,27 +26,35 @@ def _saved(tmp_path_factory, world, home):
     return root, run_world(world, w.save_then_continue, root, home, False, timeout=600)[0]
 
 
+def _expect_resumed(run, resumed, bitwise=False):
+    """A resumed run (``w.resume``'s result) loaded the saved step and weights exactly and
+    continued as the uninterrupted ``run`` did: bit for bit, or to fp32 rounding."""
+    weights_at_save, losses, final = run
+    info, loaded, resumed_losses, resumed_final = resumed
+    assert info["step"] == 2 and info["data_state"] == {"position": 2}
+    assert _equal(loaded, weights_at_save)  # loading only copies: exact
+    if bitwise:
+        assert resumed_losses == losses
+        assert _equal(resumed_final, final)
+    else:
+        assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
+        assert _max_diff(resumed_final, final) <= 1e-5
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     return _saved(tmp_path_factory, 4, "dp2tp2")
 
 
 def test_resume_same_world_is_bitwise(saved):
-    root, (weights_at_save, losses, final) = saved
-    info, loaded, resumed_losses, resumed_final = run_world(4, w.resume, root, "dp2tp2", False, timeout=600)[0]
-    assert info["step"] == 2 and info["data_state"] == {"position": 2}
-    assert _equal(loaded, weights_at_save)
-    assert resumed_losses == losses
-    assert _equal(resumed_final, final)
+    root, run = saved
+    _expect_resumed(run, run_world(4, w.resume, root, "dp2tp2", False, timeout=600)[0], bitwise=True)
 
 
 @pytest.mark.parametrize("world,home,zero", [(2, "tp2", True), (4, "pp4", True)])
 def test_resume_under_another_world_or_home_layout(saved, world, home, zero):
-    root, (weights_at_save, losses, final) = saved
-    info, loaded, resumed_losses, resumed_final = run_world(world, w.resume, root, home, zero, timeout=600)[0]
-    assert _equal(loaded, weights_at_save)  # loading only copies: exact
-    assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
-    assert _max_diff(resumed_final, final) <= 1e-5
+    root, run = saved
+    _expect_resumed(run, run_world(world, w.resume, root, home, zero, timeout=600)[0])
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +63,8 @@ def saved_world2(tmp_path_factory):
 
 
 def test_resume_into_a_larger_world(saved_world2):
-    root, (weights_at_save, losses, final) = saved_world2
-    info, loaded, resumed_losses, resumed_final = run_world(4, w.resume, root, "dp2tp2", True, timeout=600)[0]
-    assert info["step"] == 2 and info["data_state"] == {"position": 2}
-    assert _equal(loaded, weights_at_save)  # loading only copies: exact
-    assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
-    assert _max_diff(resumed_final, final) <= 1e-5
+    root, run = saved_world2
+    _expect_resumed(run, run_world(4, w.resume, root, "dp2tp2", True, timeout=600)[0])
 
 
 def _corrupt(root, tmp_path, how):
@@ -129,15 +133,10 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
 @pytest.fixture(scope="module")
 def saved_cp2(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("ckpt_cp2"))
-    return root, run_world(2, w.static_save_then_continue, root, "cp2", False, timeout=600)[0]
+    return root, run_world(2, w.save_then_continue, root, "cp2", False, True, timeout=600)[0]
 
 
 @pytest.mark.parametrize("world,layout,zero", [(2, "dp2", False), (1, "dp1", False), (4, "dp2cp2", True)])
 def test_a_context_parallel_checkpoint_loads_under_any_layout(saved_cp2, world, layout, zero):
-    root, (weights_at_save, losses, final) = saved_cp2
-    info, loaded, resumed_losses, resumed_final = run_world(world, w.static_resume, root, layout, zero,
-                                                            timeout=600)[0]
-    assert info["step"] == 2 and info["data_state"] == {"position": 2}
-    assert _equal(loaded, weights_at_save)  # loading only copies: exact
-    assert np.allclose(resumed_losses, losses, rtol=1e-5, atol=0)
-    assert _max_diff(resumed_final, final) <= 1e-5
+    root, run = saved_cp2
+    _expect_resumed(run, run_world(world, w.resume, root, layout, zero, True, timeout=600)[0])

@@ -26,9 +26,15 @@ def _numpy(w):
     return {k: v.numpy().copy() for k, v in w.items()}
 
 
-def save_then_continue(rank, world, root, home, zero):
+def _runtime_for(world, home, zero, static):
+    """``_runtime``, or with ``static`` a runtime under the one layout ``home``."""
+    torch.set_num_threads(1)
+    return _static_runtime(home, zero) if static else _runtime(world, home, zero)
+
+
+def save_then_continue(rank, world, root, home, zero, static=False):
     """Trains two steps, saves, trains two more: the uninterrupted run."""
-    rt = _runtime(world, home, zero)
+    rt = _runtime_for(world, home, zero, static)
     for i in range(2):
         rt.train_step(batch(STEPS[i], i))
     rt.save_checkpoint(root, data_state={"position": 2})
@@ -37,9 +43,9 @@ def save_then_continue(rank, world, root, home, zero):
     return saved, losses, _numpy(rt.full_weights())
 
 
-def resume(rank, world, root, home, zero):
+def resume(rank, world, root, home, zero, static=False):
     """Loads the checkpoint into a fresh runtime and trains the two last steps."""
-    rt = _runtime(world, home, zero)
+    rt = _runtime_for(world, home, zero, static)
     info = rt.load_checkpoint(root)
     loaded = _numpy(rt.full_weights())
     losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
@@ -77,30 +83,8 @@ def failed_save(rank, world, root):
 
 
 def _static_runtime(layout, zero=False):
-    """A static runtime under ``layout`` (the planner only packs): cp layouts run this way."""
+    """A static runtime under ``layout`` (the planner only packs)."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
     return hs.Runtime(cfg, candidates=[layout], home=layout, hardware=hardware(1 << 40), max_context=MAX_CONTEXT,
                       zero=zero, seed=7, recalibrate=False,
                       optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
-
-
-def static_save_then_continue(rank, world, root, layout, zero):
-    """``save_then_continue`` under one static layout."""
-    torch.set_num_threads(1)
-    rt = _static_runtime(layout, zero)
-    for i in range(2):
-        rt.train_step(batch(STEPS[i], i))
-    rt.save_checkpoint(root, data_state={"position": 2})
-    saved = _numpy(rt.full_weights())
-    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
-    return saved, losses, _numpy(rt.full_weights())
-
-
-def static_resume(rank, world, root, layout, zero):
-    """``resume`` under one static layout."""
-    torch.set_num_threads(1)
-    rt = _static_runtime(layout, zero)
-    info = rt.load_checkpoint(root)
-    loaded = _numpy(rt.full_weights())
-    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
-    return info, loaded, losses, _numpy(rt.full_weights())
