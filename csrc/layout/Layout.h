@@ -2,8 +2,9 @@
 
 // One parallel strategy over the whole world.
 //
-// A layout has a degree per axis: tp (tensor parallel), cp (context parallel, 1 until CP
-// lands), dp (data parallel) and pp (pipeline parallel), with dp * tp * pp * cp == world.
+// A layout has a degree per axis: tp (tensor parallel), cp (context parallel: each sequence
+// split over the cp ranks), dp (data parallel) and pp (pipeline parallel), with
+// dp * tp * pp * cp == world.
 // Its rank order says which axis varies fastest as the rank grows; Megatron's order, the
 // default, is tp fastest, then cp, dp, pp. A rank's coordinate on each axis follows from
 // the order: rank = c[order[0]] + d[order[0]] * (c[order[1]] + d[order[1]] * (...)).
