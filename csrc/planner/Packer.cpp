@@ -19,6 +19,71 @@ std::vector<int> byCost(const std::vector<int>& items, const std::vector<double>
   return out;
 }
 
+// Rebalancing (Packer.h): pairs of (slowest replica's sequence, partner's sequence) searched
+// per round against every other replica while there are at most this many, else against the
+// kRebalancePartners least loaded replicas.
+constexpr size_t kRebalanceWork = 4096;
+constexpr int kRebalancePartners = 4;
+
+// Lowers the slowest replica's cost by moving one of its sequences to another replica, or
+// swapping it for a cheaper one there, while an exchange lowers it; each round takes the
+// exchange whose larger replica cost afterwards is least (ties: partner, then positions).
+void rebalance(std::vector<std::vector<int>>& perReplica, std::vector<double>& load, const std::vector<double>& costs,
+               size_t items) {
+  const int replicas = static_cast<int>(load.size());
+  if (replicas < 2) return;
+  std::vector<int> partners;
+  for (int round = 0; round < 2 * replicas; ++round) {
+    const int a = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+    partners.resize(replicas);
+    std::iota(partners.begin(), partners.end(), 0);
+    partners.erase(partners.begin() + a);
+    const auto byLoad = [&](int x, int y) { return load[x] != load[y] ? load[x] < load[y] : x < y; };
+    if (perReplica[a].size() * items > kRebalanceWork && static_cast<int>(partners.size()) > kRebalancePartners) {
+      std::nth_element(partners.begin(), partners.begin() + kRebalancePartners, partners.end(), byLoad);
+      partners.resize(kRebalancePartners);
+    }
+    std::sort(partners.begin(), partners.end());
+    double best = load[a];
+    int bestPartner = -1, bestMine = -1, bestTheirs = -1;  // theirs -1: a move
+    for (int b : partners) {
+      for (size_t i = 0; i < perReplica[a].size(); ++i) {
+        const double x = costs[perReplica[a][i]];
+        const double moved = std::max(load[a] - x, load[b] + x);
+        if (moved < best) {
+          best = moved;
+          bestPartner = b, bestMine = static_cast<int>(i), bestTheirs = -1;
+        }
+        for (size_t j = 0; j < perReplica[b].size(); ++j) {
+          const double y = costs[perReplica[b][j]];
+          if (y >= x) continue;
+          const double swapped = std::max(load[a] - x + y, load[b] + x - y);
+          if (swapped < best) {
+            best = swapped;
+            bestPartner = b, bestMine = static_cast<int>(i), bestTheirs = static_cast<int>(j);
+          }
+        }
+      }
+    }
+    if (bestPartner < 0) return;
+    auto& mine = perReplica[a];
+    auto& theirs = perReplica[bestPartner];
+    const int x = mine[bestMine];
+    if (bestTheirs < 0) {
+      mine.erase(mine.begin() + bestMine);
+      theirs.push_back(x);
+      load[a] -= costs[x];
+      load[bestPartner] += costs[x];
+    } else {
+      const int y = theirs[bestTheirs];
+      mine[bestMine] = y;
+      theirs[bestTheirs] = x;
+      load[a] += costs[y] - costs[x];
+      load[bestPartner] += costs[x] - costs[y];
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::vector<std::vector<int64_t>>> Packing::lengths(const std::vector<int64_t>& all) const {
@@ -66,10 +131,16 @@ Packing Packer::pack(const std::vector<int64_t>& lengths, int replicas, const Pa
     for (int i : sorted) {
       auto [c, r] = *load.begin();
       load.erase(load.begin());
-      perReplica[r].push_back(i);  // already in decreasing cost order
+      perReplica[r].push_back(i);
       out.replicaCost[r] = c + costs[i];
       load.insert({out.replicaCost[r], r});
     }
+  }
+  rebalance(perReplica, out.replicaCost, costs, lengths.size());
+  for (int r = 0; r < replicas; ++r) {
+    perReplica[r] = byCost(perReplica[r], costs);  // the slots fill in decreasing cost
+    out.replicaCost[r] = 0;  // summed afresh: the exchanges added and subtracted
+    for (int i : perReplica[r]) out.replicaCost[r] += costs[i];
   }
 
   for (int r = 0; r < replicas; ++r) {

@@ -6,7 +6,12 @@
 //
 // Replicas: longest-predicted-time first, each sequence to the replica with the least
 // predicted time so far (LPT), so the slowest replica exceeds the mean by at most one
-// sequence. Micro-batches of a replica: max(ceil(tokens / budget), ceil(cost / target),
+// sequence; then, while it lowers the slowest replica's time, one of its sequences moves to
+// another replica or swaps with a cheaper one there (the exchange leaving the lower maximum of
+// the two; partners: every replica when the slowest holds few sequences, else the four least
+// loaded; at most 2 * replicas exchanges). That one sequence is what matters when replicas
+// hold a few long sequences each: LPT leaves the slowest up to a sequence above the mean,
+// which the exchanges mostly close. Micro-batches of a replica: max(ceil(tokens / budget), ceil(cost / target),
 // minMicroBatches) slots, capped at the sequence count, filled the same way among the slots
 // with room; a sequence that fits no open slot opens a new one. Deterministic: ties go to the
 // lower index.
