@@ -24,9 +24,10 @@
 // `microBatchOverheadShare` of their time (tau = min(alpha * B, o / share); tau = 0 when o is
 // 0: one sequence per micro-batch), so m(s) = min(1, u(s) / tau) and the largest micro-batch
 // takes max(V, min(W / dp, tau)). max(W / dp, U) is the least time in which any split of the
-// work over dp replicas can finish. LPT packing (what the Packer does) comes close to it when
-// a phase has many sequences per replica, the case of most phases of a long-tailed batch;
-// with a few sequences per replica it can exceed it by up to one sequence's time. (The list-
+// work over dp replicas can finish. LPT packing comes close to it when a phase has many
+// sequences per replica, the case of most phases of a long-tailed batch; with a few sequences
+// per replica it can exceed it by up to one sequence's time, which the Packer's exchanges
+// after LPT mostly close (Packer.h). (The list-
 // scheduling bound W / dp + (1 - 1 / dp) * U, tried instead, overcharged the phases of many
 // short sequences and gave slower plans in simulation.) Reported phase times come from the
 // exact packing.
