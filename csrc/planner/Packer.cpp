@@ -24,6 +24,8 @@ std::vector<int> byCost(const std::vector<int>& items, const std::vector<double>
 // kRebalancePartners least loaded replicas.
 constexpr size_t kRebalanceWork = 4096;
 constexpr int kRebalancePartners = 4;
+// The slowest replica this close to the mean (relatively) is left as it is.
+constexpr double kRebalanceTolerance = 1e-3;
 
 // Lowers the slowest replica's cost by moving one of its sequences to another replica, or
 // swapping it for a cheaper one there, while an exchange lowers it; each round takes the
@@ -32,9 +34,11 @@ void rebalance(std::vector<std::vector<int>>& perReplica, std::vector<double>& l
                size_t items) {
   const int replicas = static_cast<int>(load.size());
   if (replicas < 2) return;
+  const double mean = std::accumulate(load.begin(), load.end(), 0.0) / replicas;
   std::vector<int> partners;
   for (int round = 0; round < 2 * replicas; ++round) {
     const int a = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+    if (load[a] - mean <= kRebalanceTolerance * load[a]) return;
     partners.resize(replicas);
     std::iota(partners.begin(), partners.end(), 0);
     partners.erase(partners.begin() + a);

@@ -9,7 +9,8 @@
 // sequence; then, while it lowers the slowest replica's time, one of its sequences moves to
 // another replica or swaps with a cheaper one there (the exchange leaving the lower maximum of
 // the two; partners: every replica when the slowest holds few sequences, else the four least
-// loaded; at most 2 * replicas exchanges). That one sequence is what matters when replicas
+// loaded; at most 2 * replicas exchanges, none once the slowest is within 0.1% of the mean).
+// That one sequence is what matters when replicas
 // hold a few long sequences each: LPT leaves the slowest up to a sequence above the mean,
 // which the exchanges mostly close. Micro-batches of a replica: max(ceil(tokens / budget), ceil(cost / target),
 // minMicroBatches) slots, capped at the sequence count, filled the same way among the slots
