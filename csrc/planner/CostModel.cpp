@@ -247,6 +247,12 @@ int CostModel::groupRanksPerNode(const Layout& layout, Axis axis) const {
   return most;
 }
 
+std::pair<double, double> CostModel::groupLink(const Layout& layout, Axis axis) const {
+  if (!spansNodes(layout, axis)) return {hardware_.intraNodeBandwidth, hardware_.intraNodeLatency};
+  return {std::min(hardware_.intraNodeBandwidth, groupRanksPerNode(layout, axis) * hardware_.interNodeBandwidth),
+          hardware_.interNodeLatency};
+}
+
 double CostModel::collectiveSeconds(const Layout& layout, Axis axis, double bytes, bool allReduce) const {
   if (layout.degree(axis) <= 1 || bytes <= 0) return 0;
   return groupCollectiveSeconds(layout.groups(axis), bytes, allReduce);
@@ -342,11 +348,7 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
 
   // 4. Tensor-parallel collectives (ring: tp - 1 steps, each a tp-th of the buffer).
   if (tp > 1) {
-    const bool inter = spansNodes(layout, Axis::kTp);
-    const double bw = inter ? std::min(hardware_.intraNodeBandwidth,
-                                       groupRanksPerNode(layout, Axis::kTp) * hardware_.interNodeBandwidth)
-                            : hardware_.intraNodeBandwidth;
-    const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+    const auto [bw, lat] = groupLink(layout, Axis::kTp);
     const double collectives = full ? 12 : 8;  // per layer per micro-batch
     out.alphaTp = layers * collectives * (t - 1) / t * h * b / bw;
     out.microBatchTpSeconds = layers * collectives * (t - 1) * lat;
@@ -377,11 +379,7 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
     out.beta /= c;
     out.lastStageAlpha /= c;
     out.p2pPerToken /= c;
-    const bool inter = spansNodes(layout, Axis::kCp);
-    const double bw = inter ? std::min(hardware_.intraNodeBandwidth,
-                                       groupRanksPerNode(layout, Axis::kCp) * hardware_.interNodeBandwidth)
-                            : hardware_.intraNodeBandwidth;
-    const double lat = inter ? hardware_.interNodeLatency : hardware_.intraNodeLatency;
+    const auto [bw, lat] = groupLink(layout, Axis::kCp);
     const double collectives = full ? 3 : 2;  // per layer: gather forward (and again), reduce-scatter backward
     const double keyValueBytes = static_cast<double>(gatheredKeyValueBytesPerToken(layout));
     out.alphaCp = (1.0 - options_.cpOverlap) * layers * collectives * (c - 1) / c * keyValueBytes / bw;

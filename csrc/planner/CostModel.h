@@ -124,6 +124,7 @@
 // recomputed), its scores ÷ cp, its logits ÷ cp.
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "layout/Layout.h"
@@ -274,6 +275,9 @@ class CostModel {
   double stepSeconds(const Layout& layout) const;
 
  private:
+  // The bandwidth and latency of a ring over the layout's groups along `axis` (4 above): inside
+  // a node its links; across nodes the NICs of the group's ranks on each node.
+  std::pair<double, double> groupLink(const Layout& layout, Axis axis) const;
   // A ring collective over `groups` (ranks of this topology); see 4 above.
   double groupCollectiveSeconds(const std::vector<std::vector<int>>& groups, double bytes, bool allReduce) const;
 

@@ -232,11 +232,6 @@ class Runtime:
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
                          cp_min_chunk=CP_MIN_CHUNK)
 
-    def _run_layout(self, planned) -> "_C.Layout":
-        """The candidate a phase runs under, from the planner's layout."""
-        names = [l.name for l in self.candidates]
-        return self.candidates[names.index(planned.name)]
-
     def _home(self, home, free) -> "_C.Layout":
         names = [l.name for l in self.candidates]
         if home is None:
@@ -409,7 +404,7 @@ class Runtime:
         phases: List[PhaseResult] = []
         current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
         for k, ph in enumerate(plan.phases):
-            layout = self._run_layout(ph.layout)
+            layout = ph.layout
             t0 = time.perf_counter()
             params, moved = self._enter(k, layout, current, current_layout)
             switch_s = time.perf_counter() - t0
@@ -580,7 +575,7 @@ class Runtime:
         loss_sum = torch.zeros(1, dtype=torch.float64)
         current, current_layout = None, None
         for k, ph in enumerate(plan.phases):
-            layout = self._run_layout(ph.layout)
+            layout = ph.layout
             params, _ = self._enter(k, layout, current, current_layout)
             model = self._model(layout, params)
             current, current_layout = params, layout

@@ -242,8 +242,6 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     except ValueError as e:
         parser.error(str(e))
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
-    if cp < 1:
-        parser.error(f"--context-parallel-size must be >= 1, got {cp}")
     if args.hot_switch and cp != 1 and args.candidate_layouts != "auto":
         parser.error(f"--context-parallel-size({cp}) with --hot-switch bounds the cp of --candidate-layouts auto; "
                      f"with listed layouts ({args.candidate_layouts}) name the cp layouts there")
