@@ -6,7 +6,7 @@ import hotswitch as hs
 from hotswitch.model.batch import count_targets, split_replicas
 from hotswitch.testing.reference import train_static
 
-from tests.python.model.workers import EPS, LR, config
+from tests.python.model.workers import EPS, LR, _numpy, batches, config
 
 # Packs mixing sequences long enough to be cut into 2 * cp chunks (>= 2 * cp * CP_MIN_CHUNK
 # tokens, with lengths not divisible by 2 * cp) and short ones that stay whole: length 1,
@@ -18,14 +18,8 @@ CP_STEP_LENGTHS = [
 ]
 
 
-def cp_batches(seed=4321, step_lengths=CP_STEP_LENGTHS, vocab=128):
-    gen = torch.Generator().manual_seed(seed)
-    return [[hs.MicroBatch.from_sequences([torch.randint(0, vocab, (n,), generator=gen) for n in mb])
-             for mb in step] for step in step_lengths]
-
-
-def _numpy(shards):
-    return {k: v.detach().cpu().numpy().copy() for k, v in shards.items()}
+def cp_batches():
+    return batches(4321, CP_STEP_LENGTHS, 128)
 
 
 def _first_step_grads(cfg, layout, groups):
