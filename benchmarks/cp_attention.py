@@ -16,8 +16,9 @@ and the largest relative difference of the cp2 loss from cp1's.
 
 The two mechanisms, attention core alone (the same 4K pack and split, q/k/v of 8 query heads
 over 2 K/V heads of dimension 16, forward and backward on 2 ranks): the all-gather the model
-uses (``ContextAttention``: one collective of K/V, then one masked call per chunk shape
-against each sequence's causal past) against a ring (``ring_attention`` below, as Megatron-LM's
+uses (``ContextAttention``: one collective of K/V, then, with the ``grouped`` kernel the
+model runs on the CPU for a pack this size, one masked call per chunk shape against each
+sequence's causal past) against a ring (``ring_attention`` below, as Megatron-LM's
 and ring-attention implementations run it: cp steps, each passing the K/V block one rank on
 while computing the local queries against the block held, masked by sequence and position,
 merged by log-sum-exp; backward passes the K/V gradients back along the ring). Reported:
@@ -159,7 +160,8 @@ def _mechanisms_rank(rank, world, repeats):
     def inputs():
         return [(t[local] * real).requires_grad_() for t in (q_all, k_all, v_all)]
 
-    gathered = ContextAttention(split, lambda x: gather_from_sequence(x, dist.group.WORLD, world, rank))
+    gathered = ContextAttention(split, lambda x: gather_from_sequence(x, dist.group.WORLD, world, rank), "grouped",
+                                hq, torch.device("cpu"))
     runs = {"allgather": lambda q, k, v: gathered(q, k, v),
             "ring": lambda q, k, v: ring_attention(q, k, v, seq, pos, rank, world)}
     seconds, results = {}, {}

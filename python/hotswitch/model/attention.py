@@ -7,9 +7,10 @@ process for a device type, compute dtype and head dimension, and logs its choice
 layer reuses it) and runs it. The kernels, in the order they are preferred:
 
 ``flash_attn``
-    ``flash_attn.flash_attn_varlen_func`` over ``cu_seqlens``: CUDA, fp16/bf16, head
-    dimension a multiple of 8 up to 256. Work and memory of the per-sequence causal blocks;
-    grouped-query attention natively.
+    ``flash_attn.flash_attn_varlen_func`` (flash-attn >= 2.1, whose causal mask is aligned
+    to the bottom right when a sequence has fewer queries than keys) over ``cu_seqlens``:
+    CUDA, fp16/bf16, head dimension a multiple of 8 up to 256. Work and memory of the
+    per-sequence causal blocks; grouped-query attention natively.
 ``flex``
     FlexAttention (``torch.nn.attention.flex_attention``, PyTorch >= 2.5, CUDA), compiled,
     with a document-causal ``BlockMask``: the blocks outside every sequence are skipped;
@@ -50,8 +51,9 @@ import torch.nn.functional as F
 
 from hotswitch.logging import get_logger
 
-__all__ = ["KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES", "LengthGroups", "PackAttention",
-           "available_kernels", "select_kernel", "varlen_attention"]
+__all__ = ["CONTEXT_KERNEL_FUNCTIONS", "KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES", "LengthGroups",
+           "PackAttention", "available_kernels", "document_mask", "flex_document_mask", "select_kernel",
+           "varlen_attention"]
 
 _log = get_logger("model")
 
@@ -60,6 +62,9 @@ KERNELS = ("flash_attn", "flex", "sdpa", "masked", "grouped")
 # distinct length), looked up at call time: wrapping it counts the kernel's calls.
 KERNEL_FUNCTIONS = {"flash_attn": "_flash_kernel", "flex": "_flex_kernel", "sdpa": "_sdpa_kernel",
                     "masked": "_masked_kernel", "grouped": "_causal_blocks"}
+# The same under context parallelism (``hotswitch.model.context.ContextAttention``): ``grouped``
+# there is one call per distinct (length, pieces) shape of a rank's sequences.
+CONTEXT_KERNEL_FUNCTIONS = dict(KERNEL_FUNCTIONS, grouped="_context_blocks")
 # Largest ``heads * T^2`` a mask kernel takes in one call, by device type (see above).
 MASKED_MAX_SCORES = {"cpu": 1 << 15, "cuda": 1 << 24}
 FLEX_BLOCK = 128
@@ -77,8 +82,16 @@ _SDPA_GQA = _torch_version() >= (2, 5)
 @functools.lru_cache(maxsize=None)
 def _import_flash():
     try:
+        import flash_attn
         from flash_attn import flash_attn_varlen_func
     except Exception:  # ImportError, or a wheel whose CUDA library does not load here
+        return None
+    # Before 2.1 a causal mask with fewer queries than keys was aligned to the top left:
+    # context parallelism's chunks (queries of a piece against its sequence's prefix) need
+    # the bottom-right alignment.
+    version = tuple(int("".join(c for c in x if c.isdigit()) or 0) for x in flash_attn.__version__.split(".")[:2])
+    if version < (2, 1):
+        _log.info("flash_attn %s is older than 2.1: not used", flash_attn.__version__)
         return None
     return flash_attn_varlen_func
 
@@ -141,11 +154,14 @@ def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int, prefe
 
 
 # ----------------------------------------------------------------------------- kernels
-# Each takes q [T, hq, d], k/v [T, hkv, d] (hq a multiple of hkv) and returns [T, hq, d].
+# Each takes q [Tq, hq, d], k/v [Tk, hkv, d] (hq a multiple of hkv) and returns [Tq, hq, d];
+# a pack without context parallelism has Tq = Tk.
 
 
-def _flash_kernel(q, k, v, cu_seqlens, max_length):
-    return _import_flash()(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, causal=True)
+def _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k):
+    """Sequence ``i``'s queries ``q[cu_q[i]:cu_q[i+1]]`` against its keys
+    ``k[cu_k[i]:cu_k[i+1]]``, causal from the bottom right (the last query sees every key)."""
+    return _import_flash()(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
 
 
 _compiled: Dict[str, object] = {}
@@ -159,16 +175,13 @@ def _compiled_flex():
     return _compiled["mask"], _compiled["flex"]
 
 
-def _flex_kernel(q, k, v, block_mask, padded):
-    t = q.shape[0]
-    pad = padded - t
+def _flex_kernel(q, k, v, block_mask, padded_q, padded_k):
+    def heads_first(x, padded):
+        return F.pad(x, (0, 0, 0, 0, 0, padded - x.shape[0])).transpose(0, 1).unsqueeze(0)  # [1, h, Tpad, d]
 
-    def heads_first(x):
-        return F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)  # [1, h, Tpad, d]
-
-    out = _compiled_flex()[1](heads_first(q), heads_first(k), heads_first(v), block_mask=block_mask,
-                              enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)[:t]
+    out = _compiled_flex()[1](heads_first(q, padded_q), heads_first(k, padded_k), heads_first(v, padded_k),
+                              block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)[:q.shape[0]]
 
 
 def _sdpa_kernel(q, k, v, allowed):
@@ -185,17 +198,51 @@ def _sdpa_kernel(q, k, v, allowed):
 
 
 def _masked_kernel(q, k, v, blocked):
-    t, hq, d = q.shape
-    hkv = k.shape[1]
+    tq, hq, d = q.shape
+    tk, hkv = k.shape[0], k.shape[1]
     repeat = hq // hkv
     # Query head i reads K/V head i // repeat: fold each group's query heads into rows.
-    qg = q.reshape(t, hkv, repeat, d).permute(1, 2, 0, 3).reshape(hkv, repeat * t, d)
-    kg, vg = k.permute(1, 0, 2), v.permute(1, 0, 2)  # [hkv, T, d]
-    scores = torch.bmm(qg, kg.transpose(1, 2)) * (1.0 / math.sqrt(d))  # [hkv, repeat * T, T]
-    scores.view(hkv, repeat, t, t).masked_fill_(blocked, float("-inf"))
+    qg = q.reshape(tq, hkv, repeat, d).permute(1, 2, 0, 3).reshape(hkv, repeat * tq, d)
+    kg, vg = k.permute(1, 0, 2), v.permute(1, 0, 2)  # [hkv, Tk, d]
+    scores = torch.bmm(qg, kg.transpose(1, 2)) * (1.0 / math.sqrt(d))  # [hkv, repeat * Tq, Tk]
+    scores.view(hkv, repeat, tq, tk).masked_fill_(blocked, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype)
-    out = torch.bmm(probs, vg)  # [hkv, repeat * T, d]
-    return out.view(hkv, repeat, t, d).permute(2, 0, 1, 3).reshape(t, hq, d)
+    out = torch.bmm(probs, vg)  # [hkv, repeat * Tq, d]
+    return out.view(hkv, repeat, tq, d).permute(2, 0, 1, 3).reshape(tq, hq, d)
+
+
+def _context_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``q`` ``[B, m, hq, d]`` against ``k``/``v`` ``[B, n, hkv, d]`` where ``allowed`` ``[m, n]``;
+    returns ``[B, m, hq, d]``: ``B`` sequences of one shape under context parallelism. The
+    query heads sharing a K/V head are folded into rows, so K/V are never repeated."""
+    b, m, hq, d = q.shape
+    n, hkv = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    qg = q.reshape(b, m, hkv, rep, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, rep * m, d)
+    kg, vg = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, hkv, n, d]
+    scores = torch.matmul(qg, kg.transpose(-1, -2)) * (1.0 / d ** 0.5)  # [B, hkv, rep * m, n]
+    scores = scores.view(b, hkv, rep, m, n).masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype).view(b, hkv, rep * m, n)
+    out = torch.matmul(probs, vg)  # [B, hkv, rep * m, d]
+    return out.view(b, hkv, rep, m, d).permute(0, 3, 1, 2, 4).reshape(b, m, hq, d)
+
+
+def document_mask(q_ids: torch.Tensor, q_pos: torch.Tensor, k_ids: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Bool ``[Tq, Tk]``: query ``i`` may see key ``j`` when both belong to the same sequence
+    (``ids``) and the key's position in it is not after the query's (``pos``)."""
+    return (q_ids[:, None] == k_ids[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+
+
+def flex_document_mask(q_ids: torch.Tensor, q_pos: torch.Tensor, k_ids: torch.Tensor, k_pos: torch.Tensor,
+                       device: torch.device):
+    """FlexAttention's ``BlockMask`` of ``document_mask`` (ids and positions already padded to
+    multiples of ``FLEX_BLOCK``): blocks of keys outside every query's sequence are skipped."""
+    create_block_mask = _compiled_flex()[0]
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (q_ids[q_idx] == k_ids[kv_idx]) & (k_pos[kv_idx] <= q_pos[q_idx])
+
+    return create_block_mask(document_causal, None, None, q_ids.numel(), k_ids.numel(), device=str(device))
 
 
 def _causal_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -267,18 +314,12 @@ class PackAttention:
             # The padding of a flex pack is one more sequence, dropped from the output.
             ids = torch.repeat_interleave(torch.arange(self.num_sequences + 1, dtype=torch.int64),
                                           torch.cat([lengths, torch.tensor([padded - t])])).to(device)
+            index = torch.arange(padded, device=device)
             if kernel == "flex":
-                create_block_mask = _compiled_flex()[0]
-
-                def document_causal(b, h, q_idx, kv_idx):
-                    return (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
-
                 self.padded = padded
-                self.block_mask = create_block_mask(document_causal, None, None, padded, padded,
-                                                    device=str(device))
+                self.block_mask = flex_document_mask(ids, index, ids, index, device)
             else:
-                index = torch.arange(t, device=device)
-                allowed = (ids[:, None] == ids[None, :]) & (index[:, None] >= index[None, :])
+                allowed = document_mask(ids, index, ids, index)
                 if kernel == "sdpa":
                     self.allowed = allowed
                 else:
@@ -293,9 +334,9 @@ class PackAttention:
                              f"[T, hkv, d] with hkv dividing hq, got {tuple(q.shape)}, {tuple(k.shape)}, "
                              f"{tuple(v.shape)}")
         if self.kernel == "flash_attn":
-            return _flash_kernel(q, k, v, self.cu_seqlens, self.max_length)
+            return _flash_kernel(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_length, self.max_length)
         if self.kernel == "flex":
-            return _flex_kernel(q, k, v, self.block_mask, self.padded)
+            return _flex_kernel(q, k, v, self.block_mask, self.padded, self.padded)
         if self.kernel == "sdpa":
             return _sdpa_kernel(q, k, v, self.allowed)
         if self.kernel == "masked":

@@ -14,9 +14,9 @@ the K/V of every token of the pack and computes its own queries against their se
 whole causal past. All-gather, not a ring exchange, because under grouped-query attention
 K/V are ``2 * num_query_groups / num_attention_heads`` of the queries' size (a quarter or
 less for LLaMA-style models), so one collective moves little and leaves the attention a
-single call per distinct chunk shape; its backward is a reduce-scatter of the K/V gradients,
-which sums every rank's contribution to the gradient of each rank's own K/V
-(``hotswitch.model.comm.gather_from_sequence``).
+single kernel call per layer (``ContextAttention``); its backward is a reduce-scatter of
+the K/V gradients, which sums every rank's contribution to the gradient of each rank's own
+K/V (``hotswitch.model.comm.gather_from_sequence``).
 
 Rotary positions are each token's position in its own sequence, whatever rank holds it; a
 token's target is the next token of its sequence, which every rank knows (all ranks of a
@@ -27,6 +27,9 @@ token lives and the replica's loss is the sum over its cp ranks.
 from typing import Dict, List, Tuple
 
 import torch
+import torch.nn.functional as F
+
+from hotswitch.model import attention
 
 __all__ = ["CP_MIN_CHUNK", "ContextSplit", "ContextAttention", "split_sequences"]
 
@@ -82,12 +85,12 @@ class ContextSplit:
 
     ``index``: int64 ``[rows]``, the pack position of each local row (``-1`` for padding);
     ``positions``: int64 ``[rows]``, each row's position within its sequence (0 for
-    padding). ``groups``: per distinct (length, local pieces) shape, ``(queries [B, m],
-    keys [B, n], allowed [m, n])``: local row indices of the ``B`` sequences' queries,
-    indices of their whole sequence in the gathered ``[cp * rows]`` K/V, and which key each
-    query may see (key position <= query position). ``inverse``: int64 ``[rows]``, the
-    row of the concatenated group outputs (followed by one zero row per padding row) that
-    belongs to each local row.
+    padding). Rows of the gathered ``[cp * rows]`` K/V (rank ``r``'s rows at ``r * rows``):
+    ``row_ids`` int64, the sequence of each (``num_sequences + row`` for a padding row, a
+    sequence of its own), ``row_positions`` int64, its position there (0 for padding). This
+    rank's local row ``i`` is gathered row ``cp_rank * rows + i``. ``pieces``: this rank's
+    ``(sequence, start, end)`` in local row order; ``gathered``: int64 ``[T]``, the gathered
+    row of each pack position; ``starts``/``lengths``: the pack's sequences.
     """
 
     def __init__(self, cu_seqlens: torch.Tensor, cp: int, cp_rank: int, multiple: int = 1,
@@ -99,33 +102,45 @@ class ContextSplit:
         counts = [sum(e - b for _, b, e in p) for p in pieces]
         rows = -(-max(counts) // multiple) * multiple
         self.cp, self.cp_rank, self.rows = cp, cp_rank, rows
+        self.lengths, self.starts, self.pieces = lengths, starts, pieces[cp_rank]
+        self.num_sequences = len(lengths)
         # Pack position -> row of the gathered K/V ([cp * rows], rank r's rows first at r * rows).
-        gathered = torch.empty(int(cu[-1]), dtype=torch.int64)
+        self.gathered = torch.empty(int(cu[-1]), dtype=torch.int64)
         index_of = []
         for r, p in enumerate(pieces):
             idx = torch.cat([torch.arange(starts[s] + b, starts[s] + e, dtype=torch.int64) for s, b, e in p]) \
                 if p else torch.zeros(0, dtype=torch.int64)
-            gathered[idx] = r * rows + torch.arange(idx.numel(), dtype=torch.int64)
+            self.gathered[idx] = r * rows + torch.arange(idx.numel(), dtype=torch.int64)
             index_of.append(idx)
         mine = index_of[cp_rank]
         self.num_local = int(mine.numel())
         self.index = torch.cat([mine, torch.full((rows - self.num_local,), -1, dtype=torch.int64)])
-        pack_positions = torch.arange(int(cu[-1]), dtype=torch.int64) - \
-            torch.repeat_interleave(cu[:-1], torch.tensor(lengths, dtype=torch.int64))
+        sequence_of = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int64),
+                                              torch.tensor(lengths, dtype=torch.int64))
+        pack_positions = torch.arange(int(cu[-1]), dtype=torch.int64) - cu[:-1][sequence_of]
         self.positions = torch.zeros(rows, dtype=torch.int64)
         self.positions[:self.num_local] = pack_positions[mine]
+        self.row_ids = len(lengths) + torch.arange(cp * rows, dtype=torch.int64)
+        self.row_ids[self.gathered] = sequence_of
+        self.row_positions = torch.zeros(cp * rows, dtype=torch.int64)
+        self.row_positions[self.gathered] = pack_positions
 
-        # This rank's pieces by sequence: (row offset, piece bounds) lists.
+    def shape_groups(self) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """This rank's sequences grouped by (length, local pieces) shape: per group
+        ``(queries [B, m], keys [B, n], allowed [m, n])``, the local row indices of the ``B``
+        sequences' queries, the gathered rows of their whole sequences, and which key each
+        query may see; and ``inverse`` int64 ``[rows]``, the row of the concatenated group
+        outputs (followed by one zero row per padding row) that belongs to each local row."""
         by_seq: Dict[int, List[Tuple[int, int, int]]] = {}
         row = 0
-        for s, b, e in pieces[cp_rank]:
+        for s, b, e in self.pieces:
             by_seq.setdefault(s, []).append((row, b, e))
             row += e - b
         shapes: Dict[tuple, List[int]] = {}
         for s, parts in by_seq.items():
-            key = (lengths[s],) + tuple((b, e) for _, b, e in parts)
+            key = (self.lengths[s],) + tuple((b, e) for _, b, e in parts)
             shapes.setdefault(key, []).append(s)
-        self.groups: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        groups = []
         order = []
         for key in sorted(shapes):
             seqs = shapes[key]
@@ -133,49 +148,97 @@ class ContextSplit:
             q_pos = torch.cat([torch.arange(b, e, dtype=torch.int64) for b, e in bounds])
             queries = torch.stack([torch.cat([torch.arange(r0, r0 + e - b, dtype=torch.int64)
                                               for r0, b, e in by_seq[s]]) for s in seqs])
-            keys = torch.stack([gathered[starts[s]:starts[s] + n] for s in seqs])
+            keys = torch.stack([self.gathered[self.starts[s]:self.starts[s] + n] for s in seqs])
             allowed = torch.arange(n, dtype=torch.int64)[None, :] <= q_pos[:, None]
-            self.groups.append((queries, keys, allowed))
+            groups.append((queries, keys, allowed))
             order.append(queries.reshape(-1))
-        flat = torch.cat(order + [torch.arange(self.num_local, rows, dtype=torch.int64)])
-        self.inverse = torch.empty_like(flat)
-        self.inverse[flat] = torch.arange(flat.numel(), dtype=torch.int64)
+        flat = torch.cat(order + [torch.arange(self.num_local, self.rows, dtype=torch.int64)])
+        inverse = torch.empty_like(flat)
+        inverse[flat] = torch.arange(flat.numel(), dtype=torch.int64)
+        return groups, inverse
 
-    def to(self, device: torch.device) -> "ContextSplit":
-        """Moves the index tensors attention uses to ``device``; returns self."""
-        self.groups = [tuple(x.to(device) for x in g) for g in self.groups]
-        self.inverse = self.inverse.to(device)
-        return self
-
-
-def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``q`` ``[B, m, hq, d]`` against ``k``/``v`` ``[B, n, hkv, d]`` where ``allowed`` ``[m, n]``;
-    returns ``[B, m, hq, d]``. The query heads sharing a K/V head are folded into rows, so
-    K/V are never repeated."""
-    b, m, hq, d = q.shape
-    n, hkv = k.shape[1], k.shape[2]
-    rep = hq // hkv
-    qg = q.reshape(b, m, hkv, rep, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, rep * m, d)
-    kg, vg = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, hkv, n, d]
-    scores = torch.matmul(qg, kg.transpose(-1, -2)) * (1.0 / d ** 0.5)  # [B, hkv, rep * m, n]
-    scores = scores.view(b, hkv, rep, m, n).masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype).view(b, hkv, rep * m, n)
-    out = torch.matmul(probs, vg)  # [B, hkv, rep * m, d]
-    return out.view(b, hkv, rep, m, d).permute(0, 3, 1, 2, 4).reshape(b, m, hq, d)
+    def varlen_bounds(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+        """This rank's pieces as flash-attention's variable-length sequences: piece ``i``'s
+        queries are local rows ``cu_q[i]:cu_q[i+1]`` (its ``end - start`` tokens), its keys
+        the prefix ``[0, end)`` of its sequence, which ``key_rows[cu_k[i]:cu_k[i+1]]`` picks
+        out of the gathered K/V. Under a causal mask aligned to the bottom right, query ``j``
+        of the piece (position ``start + j``) sees exactly its sequence's keys ``0 ..
+        start + j``. Returns ``(cu_q, cu_k, key_rows, max_q, max_k)``, int64 tensors."""
+        if not self.pieces:
+            empty = torch.zeros(1, dtype=torch.int64)
+            return empty, empty, torch.zeros(0, dtype=torch.int64), 0, 0
+        seq, begin, end = (torch.tensor(x, dtype=torch.int64) for x in zip(*self.pieces))
+        cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(end - begin, 0)])
+        cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(end, 0)])
+        first = torch.tensor(self.starts, dtype=torch.int64)[seq]
+        within = torch.arange(int(cu_k[-1]), dtype=torch.int64) - torch.repeat_interleave(cu_k[:-1], end)
+        key_rows = self.gathered[torch.repeat_interleave(first, end) + within]
+        return cu_q, cu_k, key_rows, int((end - begin).max()), int(end.max())
 
 
 class ContextAttention:
     """Causal attention of this cp rank's rows against their sequences' whole past.
 
     ``split``: the pack's ``ContextSplit``; ``gather``: ``x [rows, ...] -> [cp * rows, ...]``,
-    the autograd all-gather over the cp group (backward: reduce-scatter). One masked call
-    per distinct (length, pieces) shape of this rank's sequences."""
+    the autograd all-gather over the cp group (backward: reduce-scatter); ``kernel``: one of
+    ``hotswitch.model.attention.KERNELS`` (``select_kernel``'s choice); ``heads``: this rank's
+    query heads; ``device``: where q, k, v live. One kernel call per layer, as without cp:
 
-    def __init__(self, split: ContextSplit, gather):
+    - ``flash_attn``: each local piece is a sequence of queries against its sequence's
+      prefix, picked out of the gathered K/V (``ContextSplit.varlen_bounds``);
+    - ``flex``: the local rows against the whole gathered K/V under a ``BlockMask`` of
+      ``(sequence, position)``;
+    - ``sdpa``, ``masked``: the same as one masked call, while ``heads * rows * cp * rows``
+      stays within ``MASKED_MAX_SCORES``; beyond, and for ``grouped``:
+    - ``grouped``: one masked call per distinct (length, pieces) shape of the rank's
+      sequences (``ContextSplit.shape_groups``).
+
+    ``self.kernel`` is the kernel this pack runs. Padding rows attend only to themselves
+    (no row is fully masked, so no kernel yields NaN) and their output is zero.
+    """
+
+    def __init__(self, split: ContextSplit, gather, kernel: str = "grouped", heads: int = 1,
+                 device: torch.device = torch.device("cpu")):
+        if kernel not in attention.KERNELS:
+            raise ValueError(f"attention kernel {kernel!r} is not one of {', '.join(attention.KERNELS)}")
+        device = torch.device(device)
         self.split = split
         self.gather = gather
         self.num_tokens = split.rows
-        self.kernel = "context"
+        rows, gathered_rows = split.rows, split.cp * split.rows
+        if kernel in ("sdpa", "masked") and heads * rows * gathered_rows > attention._max_scores(device):
+            kernel = "grouped"
+        self.kernel = kernel
+        mine = slice(split.cp_rank * rows, (split.cp_rank + 1) * rows)
+        if kernel == "flash_attn":
+            cu_q, cu_k, key_rows, self.max_q, self.max_k = split.varlen_bounds()
+            self.cu_q = cu_q.to(device=device, dtype=torch.int32)
+            self.cu_k = cu_k.to(device=device, dtype=torch.int32)
+            self.key_rows = key_rows.to(device)
+        elif kernel == "flex":
+            # Both sides padded to the block size; every padding query sees one padding key
+            # of its own (extra key rows after the gathered ones).
+            block = attention.FLEX_BLOCK
+            self.padded_q = -(-rows // block) * block
+            self.padded_k = -(-(gathered_rows + self.padded_q - rows) // block) * block
+            extra = split.num_sequences + gathered_rows + torch.arange(self.padded_k - gathered_rows)
+            k_ids = torch.cat([split.row_ids, extra])
+            k_pos = torch.cat([split.row_positions, torch.zeros(extra.numel(), dtype=torch.int64)])
+            q_ids = torch.cat([split.row_ids[mine], extra[:self.padded_q - rows]])
+            q_pos = torch.cat([split.row_positions[mine], torch.zeros(self.padded_q - rows, dtype=torch.int64)])
+            self.block_mask = attention.flex_document_mask(*(x.to(device) for x in (q_ids, q_pos, k_ids, k_pos)),
+                                                           device)
+        elif kernel in ("sdpa", "masked"):
+            allowed = attention.document_mask(split.row_ids[mine], split.row_positions[mine], split.row_ids,
+                                               split.row_positions).to(device)
+            if kernel == "sdpa":
+                self.allowed = allowed
+            else:
+                self.blocked = ~allowed
+        else:
+            groups, inverse = split.shape_groups()
+            self.groups = [tuple(x.to(device) for x in g) for g in groups]
+            self.inverse = inverse.to(device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q`` ``[rows, hq, d]``, ``k``/``v`` ``[rows, hkv, d]`` (this rank's rows) ->
@@ -187,15 +250,24 @@ class ContextAttention:
                              f"{tuple(v.shape)}")
         hkv, d = k.shape[1], k.shape[2]
         kv = self.gather(torch.cat([k, v], dim=1).reshape(sp.rows, 2 * hkv * d)).view(-1, 2 * hkv, d)
-        k_all, v_all = kv[:, :hkv], kv[:, hkv:]
-        outs = []
-        for queries, keys, allowed in sp.groups:
-            o = _masked_attention(q[queries], k_all[keys], v_all[keys], allowed)
-            outs.append(o.reshape(-1, q.shape[1], d))
-        outs.append(q.new_zeros((sp.rows - sp.num_local, q.shape[1], d)))
-        out = torch.cat(outs).index_select(0, sp.inverse)
-        if not sp.groups:
+        if sp.num_local == 0:
             # The gather's backward is a collective: a rank holding no query of this pack must
             # still enter it, so its output joins the graph (as a zero).
-            out = out + kv[:0].sum()
-        return out
+            return q.new_zeros(q.shape) + kv[:0].sum()
+        k_all, v_all = kv[:, :hkv], kv[:, hkv:]
+        if self.kernel == "flash_attn":
+            picked = kv.index_select(0, self.key_rows)
+            out = attention._flash_kernel(q[:sp.num_local], picked[:, :hkv], picked[:, hkv:], self.cu_q, self.cu_k,
+                                          self.max_q, self.max_k)
+        elif self.kernel == "flex":
+            out = attention._flex_kernel(q, k_all, v_all, self.block_mask, self.padded_q, self.padded_k)
+        elif self.kernel == "sdpa":
+            out = attention._sdpa_kernel(q, k_all, v_all, self.allowed)
+        elif self.kernel == "masked":
+            out = attention._masked_kernel(q, k_all, v_all, self.blocked)
+        else:
+            outs = [attention._context_blocks(q[queries], k_all[keys], v_all[keys], allowed).reshape(-1, q.shape[1], d)
+                    for queries, keys, allowed in self.groups]
+            outs.append(q.new_zeros((sp.rows - sp.num_local, q.shape[1], d)))
+            return torch.cat(outs).index_select(0, self.inverse)
+        return F.pad(out[:sp.num_local], (0, 0, 0, 0, 0, sp.rows - sp.num_local))

@@ -75,7 +75,7 @@ class PackContext:
         n = mb.num_tokens
         self.num_targets = mb.num_targets
         if cp > 1:
-            self._init_context(mb, config, tp, device, cp, cp_rank, cp_gather)
+            self._init_context(mb, config, tp, device, kernel, cp, cp_rank, cp_gather)
             return
         padded = -(-n // tp) * tp
         cu = mb.cu_seqlens
@@ -99,7 +99,7 @@ class PackContext:
                                            getattr(torch, config.dtype))
         self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
 
-    def _init_context(self, mb, config, tp, device, cp, cp_rank, cp_gather) -> None:
+    def _init_context(self, mb, config, tp, device, kernel, cp, cp_rank, cp_gather) -> None:
         n = mb.num_tokens
         split = ContextSplit(mb.cu_seqlens, cp, cp_rank, multiple=tp)
         rows = split.rows
@@ -122,7 +122,7 @@ class PackContext:
         self.weights = weights.to(device)
         self.cos, self.sin = rotary_tables(split.positions.to(device), config.head_dim, config.rope_theta,
                                            getattr(torch, config.dtype))
-        self.attention = ContextAttention(split.to(device), cp_gather)
+        self.attention = ContextAttention(split, cp_gather, kernel, config.num_attention_heads // tp, device)
 
 
 def autocast_runs(device_type: str, dtype: torch.dtype) -> bool:

@@ -29,20 +29,6 @@ needs_sdpa = pytest.mark.skipif(not hasattr(F, "scaled_dot_product_attention"),
 PACKS = [[1, 7, 3, 7, 31, 2, 1], [97], [5, 1, 1, 2, 3, 89, 13, 1]]
 
 
-def _reference(q, k, v, lengths):
-    """Per-sequence causal attention in float64 on the CPU, K/V heads repeated explicitly."""
-    out, start = [], 0
-    repeat = q.shape[1] // k.shape[1]
-    for n in lengths:
-        qs, ks, vs = (x[start:start + n].double().cpu() for x in (q, k, v))
-        ks, vs = ks.repeat_interleave(repeat, 1), vs.repeat_interleave(repeat, 1)
-        scores = torch.einsum("qhd,khd->hqk", qs, ks) / math.sqrt(q.shape[-1])
-        scores = scores + torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
-        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs))
-        start += n
-    return torch.cat(out)
-
-
 def _inputs(lengths, hq=4, hkv=2, d=16, device=CPU, seed=0):
     gen = torch.Generator().manual_seed(seed)
     t = sum(lengths)
@@ -69,7 +55,7 @@ def unbounded(monkeypatch):
 
 def _check_kernel_matches(kernel, device, lengths, tol=1e-5, dtype=torch.float32):
     q, k, v, cu = _inputs(lengths, device=device)
-    expected = _reference(q, k, v, lengths)
+    expected = aw.reference_attention(q, k, v, lengths)
     ran, out, grads = _forward_backward(kernel, lengths, *(x.to(dtype) for x in (q, k, v)), cu)
     assert ran == kernel
     assert out.shape == q.shape and out.dtype == dtype
@@ -92,6 +78,22 @@ def test_sdpa_kernel_matches_the_per_sequence_reference(lengths, unbounded):
     _check_kernel_matches("sdpa", CPU, lengths)
 
 
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """flash_attn and FlexAttention replaced by dense stand-ins with their contracts
+    (``attention_workers``), so that what this package builds for them (bounds, masks,
+    padding) is checked on the CPU; the real kernels are checked by the ``gpu`` tests."""
+    create_block_mask, flex_attention = aw.flex_stand_ins(attention.FLEX_BLOCK)
+    monkeypatch.setattr(attention, "_import_flash", lambda: aw.flash_varlen_stand_in)
+    monkeypatch.setattr(attention, "_compiled_flex", lambda: (create_block_mask, flex_attention))
+
+
+@pytest.mark.parametrize("lengths", PACKS + [[128], [60, 68, 1]], ids=lambda p: f"{len(p)}seqs-{sum(p)}")
+@pytest.mark.parametrize("kernel", ["flash_attn", "flex"])
+def test_flash_and_flex_packs_match_the_reference_with_stand_in_kernels(kernel, lengths, stand_ins):
+    _check_kernel_matches(kernel, CPU, lengths)
+
+
 def test_masked_kernel_does_not_repeat_key_value_heads(monkeypatch, unbounded):
     q, k, v, cu = _inputs([3, 17, 8], hq=8, hkv=2)
     pack = PackAttention(cu, "masked", 8, CPU)
@@ -104,7 +106,7 @@ def test_masked_kernel_does_not_repeat_key_value_heads(monkeypatch, unbounded):
     out = pack(q, k, v)
     monkeypatch.undo()
     assert out.shape == q.shape
-    assert float((out.double() - _reference(q, k, v, [3, 17, 8])).abs().max()) < 1e-5
+    assert float((out.double() - aw.reference_attention(q, k, v, [3, 17, 8])).abs().max()) < 1e-5
 
 
 def test_mask_kernels_run_grouped_beyond_their_bound(monkeypatch):

@@ -8,11 +8,14 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import hotswitch as hs
-from hotswitch.model.context import CP_MIN_CHUNK, ContextSplit, split_sequences
+import hotswitch.model.attention as attention
+from hotswitch.model.context import CP_MIN_CHUNK, ContextAttention, ContextSplit, split_sequences
 from hotswitch.testing.harness import run_world
 
+from tests.python.model import attention_workers as aw
 from tests.python.model import cp_workers as w
 
 TOL = 1e-5
@@ -125,31 +128,151 @@ def test_config_accepts_context_parallel_layouts():
     cfg.validate(hs.Layout.parse("dp2cp2"))
 
 
-@pytest.mark.parametrize("cp", [2, 3, 4])
-def test_context_attention_equals_pack_attention_row_by_row(cp):
-    # Every cp rank's part, with the gather played by concatenating the parts in one process.
-    from hotswitch.model.attention import PackAttention
-    from hotswitch.model.context import ContextAttention
-    gen = torch.Generator().manual_seed(3)
-    lengths = [1, 97, 13, 2 * cp * CP_MIN_CHUNK, 5, 64]
+CPU = torch.device("cpu")
+CP_KERNELS = ["grouped", "masked"] + (["sdpa"] if hasattr(F, "scaled_dot_product_attention") else [])
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """flash_attn and FlexAttention replaced by dense stand-ins with their contracts
+    (``attention_workers``): what this package builds for them is checked on the CPU."""
+    create_block_mask, flex_attention = aw.flex_stand_ins(attention.FLEX_BLOCK)
+    monkeypatch.setattr(attention, "_import_flash", lambda: aw.flash_varlen_stand_in)
+    monkeypatch.setattr(attention, "_compiled_flex", lambda: (create_block_mask, flex_attention))
+
+
+def _context_attention(kernel, cp, lengths, hq=6, hkv=2, d=16, device=CPU, dtype=torch.float32, seed=3):
+    """Every cp rank's attention over one pack in one process, the gather played by one
+    concatenation of every rank's K/V rows (so the gradients of each rank's rows sum every
+    rank's use of them, as the reduce-scatter does). Padding rows hold random values: they
+    must reach no output. Returns the pack's q, k, v, the splits, the kernels the ranks ran,
+    their outputs, the gradients of each rank's q/k/v rows for a fixed random cotangent,
+    and that cotangent laid out in pack order."""
+    gen = torch.Generator().manual_seed(seed)
     cu = torch.tensor([0] + lengths).cumsum(0)
-    t, hq, hkv, d = int(cu[-1]), 6, 2, 8
+    t = int(cu[-1])
     q, k, v = (torch.randn(t, h, d, generator=gen) for h in (hq, hkv, hkv))
-    expected = PackAttention(cu, "grouped", hq, torch.device("cpu"))(q, k, v)
     splits = [ContextSplit(cu, cp, r, multiple=2) for r in range(cp)]
 
     def local(x, sp):
-        out = x.new_zeros((sp.rows,) + tuple(x.shape[1:]))
+        out = torch.randn((sp.rows,) + tuple(x.shape[1:]), generator=gen)
         mine = sp.index >= 0
         out[mine] = x[sp.index[mine]]
-        return out
+        return out.to(device, dtype).requires_grad_()
 
-    kv = torch.cat([torch.cat([local(k, sp), local(v, sp)], dim=1).reshape(sp.rows, -1) for sp in splits])
-    for sp in splits:
-        out = ContextAttention(sp, lambda x: kv)(local(q, sp), local(k, sp), local(v, sp))
+    parts = [tuple(local(x, sp) for x in (q, k, v)) for sp in splits]
+    kv = torch.cat([torch.cat([lk, lv], dim=1).reshape(sp.rows, -1) for (_, lk, lv), sp in zip(parts, splits)])
+    kernels, outs, total = [], [], 0.0
+    cotangent = torch.zeros(t, hq, d)
+    for sp, (lq, lk, lv) in zip(splits, parts):
+        att = ContextAttention(sp, lambda x: kv, kernel, hq, device)
+        out = att(lq, lk, lv)
+        weight = torch.randn(out.shape, generator=gen)
         mine = sp.index >= 0
-        assert torch.allclose(out[mine], expected[sp.index[mine]], atol=1e-6), cp
+        cotangent[sp.index[mine]] = weight[mine]
+        total = total + (out.float() * weight.to(device)).sum()
+        kernels.append(att.kernel)
+        outs.append(out)
+    total.backward()
+    # A rank holding no token of the pack uses none of its rows: no gradient reaches them.
+    grads = [tuple(torch.zeros_like(x) if x.grad is None else x.grad for x in p) for p in parts]
+    return (q, k, v), splits, kernels, outs, grads, cotangent
+
+
+CP_PACKS = [[1, 97, 13, 16, 5, 64], [3, 3, 3], [200], [41, 2, 1, 77, 30]]
+
+
+def _max_abs_diff(a, b) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0  # a rank may hold no token
+
+
+def _check_context_kernel(kernel, cp, lengths, device=CPU, tol=1e-5, dtype=torch.float32):
+    (q, k, v), splits, kernels, outs, grads, cotangent = _context_attention(kernel, cp, lengths, device=device,
+                                                                            dtype=dtype)
+    assert set(kernels) == {kernel}, kernels
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    expected = aw.reference_attention(q64, k64, v64, lengths)
+    (expected * cotangent.double()).sum().backward()
+    for sp, out, grad in zip(splits, outs, grads):
+        mine = sp.index >= 0
+        at = sp.index[mine]
+        out = out.detach().double().cpu()
+        assert _max_abs_diff(out[mine], expected.detach()[at]) < tol, (kernel, cp, lengths)
         assert not out[~mine].any()
+        for got, want in zip(grad, (q64.grad, k64.grad, v64.grad)):
+            got = got.double().cpu()
+            assert _max_abs_diff(got[mine], want[at]) < 10 * tol, (kernel, cp, lengths)
+            assert not got[~mine].any()  # padding rows reach nothing
+
+
+@pytest.mark.parametrize("lengths", CP_PACKS, ids=lambda p: f"{len(p)}seqs-{sum(p)}")
+@pytest.mark.parametrize("cp", [2, 3, 4])
+@pytest.mark.parametrize("kernel", CP_KERNELS)
+def test_context_attention_matches_the_per_sequence_reference(kernel, cp, lengths, monkeypatch):
+    monkeypatch.setitem(attention.MASKED_MAX_SCORES, "cpu", 1 << 40)
+    _check_context_kernel(kernel, cp, lengths)
+
+
+@pytest.mark.parametrize("lengths", CP_PACKS, ids=lambda p: f"{len(p)}seqs-{sum(p)}")
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("kernel", ["flash_attn", "flex"])
+def test_context_attention_flash_and_flex_paths_with_stand_in_kernels(kernel, cp, lengths, stand_ins):
+    _check_context_kernel(kernel, cp, lengths)
+
+
+def test_context_parallel_runs_one_kernel_call_per_layer_for_64_distinct_lengths():
+    """cp2 on a pack of 64 distinct lengths: the grouped path calls once per distinct
+    (length, pieces) shape of each rank's sequences; the mask kernel (its bound raised to take
+    the pack) once per layer, with the same losses."""
+    grouped = run_world(2, aw.count_kernel_calls, "grouped", None, aw.DISTINCT_64, None, "cp2", timeout=300)
+    masked = run_world(2, aw.count_kernel_calls, "masked", 1 << 26, aw.DISTINCT_64, None, "cp2", timeout=300)
+    cu = torch.tensor([0] + aw.DISTINCT_64).cumsum(0)
+    for rank, ((_, ran_g, calls_g, layers, loss_g), (_, ran_m, calls_m, _, loss_m)) in enumerate(zip(grouped, masked)):
+        shapes = len(ContextSplit(cu, 2, rank).shape_groups()[0])
+        assert shapes > 50  # 64 sequences; the 49 of 16 tokens or more are cut, each its own shape
+        assert ran_g == "grouped" and calls_g == {"_context_blocks": shapes * layers}, calls_g
+        assert ran_m == "masked" and calls_m == {"_masked_kernel": layers}, calls_m
+        assert abs(loss_m - loss_g) <= 1e-5 * abs(loss_g)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("lengths", CP_PACKS, ids=lambda p: f"{len(p)}seqs-{sum(p)}")
+def test_cuda_context_kernels_match_the_per_sequence_reference(lengths, monkeypatch):
+    """Every CUDA kernel under cp2 and cp4: fp32 ones within 1e-5 (TF32 off), head dim 16;
+    flash_attn (fp16/bf16 only) in bf16 within bf16 rounding."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    monkeypatch.setitem(attention.MASKED_MAX_SCORES, "cuda", 1 << 40)
+    cuda = torch.device("cuda")
+    for cp in (2, 4):
+        for kernel in attention.available_kernels(cuda, torch.float32, 16):
+            _check_context_kernel(kernel, cp, lengths, device=cuda)
+        if "flash_attn" in attention.available_kernels(cuda, torch.bfloat16, 16):
+            _check_context_kernel("flash_attn", cp, lengths, device=cuda, tol=2e-2, dtype=torch.bfloat16)
+
+
+def test_varlen_bounds_give_each_piece_its_sequence_prefix():
+    # cp2, a 35-token sequence in chunks of 9, 9, 9, 8 and two whole ones: rank 0 holds
+    # chunks 0 and 3 of sequence 0 and sequence 1 (5 tokens) whole.
+    cu = torch.tensor([0, 35, 40, 43])
+    sp = ContextSplit(cu, 2, 0)
+    assert sp.pieces == [(0, 0, 9), (0, 27, 35), (1, 0, 5)]
+    cu_q, cu_k, key_rows, max_q, max_k = sp.varlen_bounds()
+    assert cu_q.tolist() == [0, 9, 17, 22] and cu_k.tolist() == [0, 9, 44, 49]
+    assert (max_q, max_k) == (9, 35)
+    assert torch.equal(key_rows, sp.gathered[torch.cat([torch.arange(9), torch.arange(35), 35 + torch.arange(5)])])
+
+
+def test_mask_kernels_under_cp_run_grouped_beyond_their_bound(monkeypatch):
+    cu = torch.tensor([0, 40, 43])
+    sp = ContextSplit(cu, 2, 0)  # 23 rows a rank (rank 0 holds 20 + 3 tokens), 46 gathered
+    assert sp.rows == 23
+    monkeypatch.setitem(attention.MASKED_MAX_SCORES, "cpu", 3 * 23 * 46)
+    assert ContextAttention(sp, None, "masked", 3, CPU).kernel == "masked"
+    assert ContextAttention(sp, None, "sdpa", 4, CPU).kernel == "grouped"
+    with pytest.raises(ValueError, match="'dense' is not one of"):
+        ContextAttention(sp, None, "dense", 3, CPU)
 
 
 @pytest.mark.parametrize("cp", [2, 3, 4, 8])
