@@ -520,6 +520,10 @@ PYBIND11_MODULE(_C, m) {
                    c.fits ? "" : ", does not fit", ")");
       });
 
+  m.def("context_split_owners", &contextSplitOwners, py::arg("lengths"), py::arg("cp"), py::arg("min_chunk") = 4,
+        "Per sequence, the cp rank that holds it whole, or -1 when it is cut into 2 * cp chunks (rank i "
+        "holding chunks i and 2 * cp - 1 - i): how hotswitch.model.context splits a pack.");
+
   m.def("context_split_loads", [](const std::vector<int64_t>& lengths, int cp, int64_t minChunk) {
     py::list out;
     for (const ContextLoad& l : contextSplitLoads(lengths, cp, minChunk)) {
@@ -528,7 +532,7 @@ PYBIND11_MODULE(_C, m) {
     return out;
   }, py::arg("lengths"), py::arg("cp"), py::arg("min_chunk") = 4,
         "Per cp rank, (tokens, causal pairs, sequences) of its part of a micro-batch of these sequence lengths, "
-        "dealt as hotswitch.model.context.split_sequences deals them.");
+        "dealt as context_split_owners deals them.");
 
   py::class_<CostModel>(m, "CostModel")
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,

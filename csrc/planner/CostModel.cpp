@@ -32,21 +32,50 @@ constexpr int64_t kHeadDimStep = 32;
 
 }  // namespace
 
-std::vector<ContextLoad> contextSplitLoads(const std::vector<int64_t>& lengths, int cp, int64_t minChunk) {
+std::vector<int> contextSplitOwners(const std::vector<int64_t>& lengths, int cp, int64_t minChunk) {
   HS_CHECK(cp >= 1, "cp must be >= 1, got ", cp);
   HS_CHECK(minChunk >= 1, "the minimum cp chunk must be >= 1 token, got ", minChunk);
+  const int64_t chunks = 2 * static_cast<int64_t>(cp);
+  std::vector<int> owner(lengths.size(), -1);
+  std::vector<int64_t> tokens(cp, 0);
+  std::vector<std::pair<int64_t, size_t>> whole;  // (-length, index): longest first, then by index
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    const int64_t n = lengths[s];
+    HS_CHECK(n >= 1, "sequence ", s, " has length ", n, ", expected >= 1");
+    if (cp == 1 || n < chunks * minChunk) {
+      whole.push_back({-n, s});
+      continue;
+    }
+    // Rank i's chunks i and 2cp - 1 - i hold n / cp tokens, give or take one.
+    const int64_t base = n / chunks, extra = n % chunks;
+    for (int i = 0; i < cp; ++i) {
+      tokens[i] += 2 * base + (i < extra ? 1 : 0) + (chunks - 1 - i < extra ? 1 : 0);
+    }
+  }
+  std::sort(whole.begin(), whole.end());
+  for (const auto& [negative, s] : whole) {
+    const int r = static_cast<int>(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
+    owner[s] = r;
+    tokens[r] += -negative;
+  }
+  return owner;
+}
+
+std::vector<ContextLoad> contextSplitLoads(const std::vector<int64_t>& lengths, int cp, int64_t minChunk) {
+  const std::vector<int> owner = contextSplitOwners(lengths, cp, minChunk);
   std::vector<ContextLoad> out(cp);
   const int64_t chunks = 2 * static_cast<int64_t>(cp);
-  std::vector<std::pair<int64_t, size_t>> whole;  // (-length, index): longest first, then by index
   // Causal pairs of queries [a, b) of a sequence: each attends to its position + 1 keys.
   auto pairs = [](int64_t a, int64_t b) {
     return (static_cast<double>(b) * (b + 1) - static_cast<double>(a) * (a + 1)) / 2.0;
   };
   for (size_t s = 0; s < lengths.size(); ++s) {
     const int64_t n = lengths[s];
-    HS_CHECK(n >= 1, "sequence ", s, " has length ", n, ", expected >= 1");
-    if (cp == 1 || n < chunks * minChunk) {
-      whole.push_back({-n, s});
+    if (owner[s] >= 0) {
+      ContextLoad& l = out[owner[s]];
+      l.tokens += n;
+      l.pairs += pairs(0, n);
+      l.sequences += 1;
       continue;
     }
     const int64_t base = n / chunks, extra = n % chunks;
@@ -58,16 +87,6 @@ std::vector<ContextLoad> contextSplitLoads(const std::vector<int64_t>& lengths, 
       }
       out[i].sequences += 1;
     }
-  }
-  std::sort(whole.begin(), whole.end());
-  for (const auto& [negative, s] : whole) {
-    int r = 0;
-    for (int k = 1; k < cp; ++k) {
-      if (out[k].tokens < out[r].tokens) r = k;
-    }
-    out[r].tokens += -negative;
-    out[r].pairs += pairs(0, -negative);
-    out[r].sequences += 1;
   }
   return out;
 }

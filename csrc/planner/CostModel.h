@@ -152,8 +152,15 @@ struct ContextLoad {
   int64_t sequences = 0;
 };
 
-// The cp ranks' parts of one micro-batch of sequence lengths, as hotswitch.model.context's
-// split_sequences deals them. Throws InvalidArgument for cp < 1, minChunk < 1 or a length < 1.
+// How one micro-batch of sequence lengths is dealt over cp ranks (10): a sequence of at least
+// 2 * cp * minChunk tokens is cut into 2 * cp chunks, rank i holding chunks i and 2cp - 1 - i
+// (owner -1); a shorter one stays whole, dealt longest first (then by index) to the rank
+// holding the fewest tokens so far (then the lowest rank). hotswitch.model.context splits
+// packs with it. Throws InvalidArgument for cp < 1, minChunk < 1 or a length < 1.
+std::vector<int> contextSplitOwners(const std::vector<int64_t>& lengths, int cp, int64_t minChunk);
+
+// The cp ranks' parts of one micro-batch of sequence lengths, dealt as contextSplitOwners
+// deals them. Throws as contextSplitOwners.
 std::vector<ContextLoad> contextSplitLoads(const std::vector<int64_t>& lengths, int cp, int64_t minChunk);
 
 // The coefficients of one layout's time model (see above); seconds.

@@ -62,6 +62,21 @@ TEST(ContextParallelCostTest, SplitLoadsDealChunksAndWholeSequencesAsTheModelDoe
   EXPECT_THROW(contextSplitLoads({5, 0}, 2, 4), InvalidArgument);
 }
 
+TEST(ContextParallelCostTest, SplitOwnersCutLongSequencesAndDealShortOnesLongestFirst) {
+  // The example above: 35 is cut (-1), 7 goes to rank 0 (17 tokens against 18), 3 to rank 1.
+  EXPECT_EQ(contextSplitOwners({35, 7, 3}, 2, 4), (std::vector<int>{-1, 0, 1}));
+  // Ties: equal lengths go by index, equal loads to the lowest rank. cp 3, nothing cut
+  // (24 tokens needed): 9 to rank 0; 5, 5 to ranks 1 and 2; then 5 to rank 1 (5 < 9, 5 vs 5).
+  EXPECT_EQ(contextSplitOwners({5, 9, 5, 5}, 3, 4), (std::vector<int>{1, 0, 2, 1}));
+  // Exactly 2 * cp * minChunk tokens is cut; one fewer stays whole.
+  EXPECT_EQ(contextSplitOwners({16, 15}, 2, 4), (std::vector<int>{-1, 0}));
+  // cp 1 holds everything whole on its one rank.
+  EXPECT_EQ(contextSplitOwners({100, 1}, 1, 4), (std::vector<int>{0, 0}));
+  EXPECT_THROW(contextSplitOwners({5}, 0, 4), InvalidArgument);
+  EXPECT_THROW(contextSplitOwners({5}, 2, 0), InvalidArgument);
+  EXPECT_THROW(contextSplitOwners({5, 0}, 2, 4), InvalidArgument);
+}
+
 TEST(ContextParallelCostTest, TermsDivideTheWorkAndAddTheKeyValueExchange) {
   CostModel cost(tiny(), unitHardware(), Topology(4, 4));
   const LayoutTerms one = CostModel(tiny(), unitHardware(), Topology(1, 1)).terms(Layout(1, 1, 1, 1));

@@ -24,54 +24,63 @@ replica hold the whole pack's token ids), so the loss of each token is computed 
 token lives and the replica's loss is the sum over its cp ranks.
 """
 
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from hotswitch import _C
 from hotswitch.model import attention
 
-__all__ = ["CP_MIN_CHUNK", "ContextSplit", "ContextAttention", "split_sequences"]
+__all__ = ["CP_MIN_CHUNK", "ContextSplit", "ContextAttention", "split_pieces", "split_sequences"]
 
 CP_MIN_CHUNK = 4  # tokens: shorter chunks stay whole on one rank (see above)
+Pieces = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (sequence, start, end), int64 [k] each
 
 
-def split_sequences(lengths: List[int], cp: int, min_chunk: int = CP_MIN_CHUNK) -> List[List[Tuple[int, int, int]]]:
-    """Which tokens of each sequence each cp rank holds.
+def split_pieces(lengths: List[int], cp: int, min_chunk: int = CP_MIN_CHUNK) -> List[Pieces]:
+    """Which tokens of each sequence each cp rank holds, as tensors.
 
     ``lengths``: tokens per sequence of a pack. Returns, for each cp rank, its pieces in pack
-    order as ``(sequence, start, end)`` (token positions within the sequence, end
-    exclusive). Deterministic: every rank computes every rank's pieces alike."""
+    order as int64 tensors ``(sequence, start, end)`` (token positions within the sequence,
+    end exclusive). The dealing of whole sequences is ``hotswitch._C.context_split_owners``,
+    the one the cost model prices; the rest is tensor arithmetic, with no loop over the
+    sequences. Deterministic: every rank computes every rank's pieces alike."""
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp must be a positive int, got {cp!r}")
     if isinstance(min_chunk, bool) or not isinstance(min_chunk, int) or min_chunk < 1:
         raise ValueError(f"min_chunk must be a positive int (tokens), got {min_chunk!r}")
+    n = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
+    owner = torch.tensor(_C.context_split_owners(n.tolist(), cp, min_chunk), dtype=torch.int64)
+    cut = torch.nonzero(owner < 0).reshape(-1)
     chunks = 2 * cp
-    pieces: List[List[Tuple[int, int, int]]] = [[] for _ in range(cp)]
-    load = [0] * cp
-    whole = []
-    for s, n in enumerate(lengths):
-        if cp == 1 or n < chunks * min_chunk:
-            whole.append(s)
-            continue
-        base, extra = divmod(n, chunks)
-        bounds = [0]
-        for j in range(chunks):
-            bounds.append(bounds[-1] + base + (1 if j < extra else 0))
-        for i in range(cp):
-            for j in (i, chunks - 1 - i):
-                pieces[i].append((s, bounds[j], bounds[j + 1]))
-                load[i] += bounds[j + 1] - bounds[j]
-    owner: Dict[int, int] = {}
-    for s in sorted(whole, key=lambda s: (-lengths[s], s)):
-        r = min(range(cp), key=lambda r: (load[r], r))
-        owner[s] = r
-        load[r] += lengths[s]
-    for s, r in owner.items():
-        pieces[r].append((s, 0, lengths[s]))
-    for p in pieces:
-        p.sort()
-    return pieces
+    base, extra = n[cut] // chunks, n[cut] % chunks
+
+    def start(j: int) -> torch.Tensor:  # first token of chunk j of every cut sequence
+        return j * base + extra.clamp(max=j)
+
+    span = int(n.max()) + 1 if n.numel() else 1
+    out = []
+    for r in range(cp):
+        whole = torch.nonzero(owner == r).reshape(-1)
+        seq = torch.cat([cut, cut, whole])
+        begin = torch.cat([start(r), start(chunks - 1 - r), torch.zeros_like(whole)])
+        end = torch.cat([start(r + 1), start(chunks - r), n[whole]])
+        order = torch.argsort(seq * span + begin)
+        out.append((seq[order], begin[order], end[order]))
+    return out
+
+
+def split_sequences(lengths: List[int], cp: int, min_chunk: int = CP_MIN_CHUNK) -> List[List[Tuple[int, int, int]]]:
+    """``split_pieces`` as lists of ``(sequence, start, end)`` tuples, per cp rank."""
+    return [list(zip(*(x.tolist() for x in p))) for p in split_pieces(lengths, cp, min_chunk)]
+
+
+def _expand(first: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``cat([arange(f, f + c) for f, c in zip(first, counts)])`` without the loop."""
+    offsets = torch.cumsum(counts, 0) - counts
+    total = int(counts.sum()) if counts.numel() else 0
+    return torch.repeat_interleave(first - offsets, counts) + torch.arange(total, dtype=torch.int64)
 
 
 class ContextSplit:
@@ -89,70 +98,68 @@ class ContextSplit:
     ``row_ids`` int64, the sequence of each (``num_sequences + row`` for a padding row, a
     sequence of its own), ``row_positions`` int64, its position there (0 for padding). This
     rank's local row ``i`` is gathered row ``cp_rank * rows + i``. ``pieces``: this rank's
-    ``(sequence, start, end)`` in local row order; ``gathered``: int64 ``[T]``, the gathered
-    row of each pack position; ``starts``/``lengths``: the pack's sequences.
+    ``(sequence, start, end)`` int64 tensors in local row order (``split_pieces``);
+    ``gathered``: int64 ``[T]``, the gathered row of each pack position; ``starts``/
+    ``lengths``: int64 ``[n]``, the pack's sequences. Built with tensor operations (one loop
+    over the cp ranks), whatever the number of sequences.
     """
 
     def __init__(self, cu_seqlens: torch.Tensor, cp: int, cp_rank: int, multiple: int = 1,
                  min_chunk: int = CP_MIN_CHUNK):
         cu = torch.as_tensor(cu_seqlens, dtype=torch.int64).cpu()
-        lengths = (cu[1:] - cu[:-1]).tolist()
-        starts = cu[:-1].tolist()
-        pieces = split_sequences(lengths, cp, min_chunk)
-        counts = [sum(e - b for _, b, e in p) for p in pieces]
+        lengths = cu[1:] - cu[:-1]
+        starts = cu[:-1]
+        pieces = split_pieces(lengths, cp, min_chunk)
+        counts = [int((e - b).sum()) for _, b, e in pieces]
         rows = -(-max(counts) // multiple) * multiple
         self.cp, self.cp_rank, self.rows = cp, cp_rank, rows
         self.lengths, self.starts, self.pieces = lengths, starts, pieces[cp_rank]
-        self.num_sequences = len(lengths)
+        self.num_sequences = int(lengths.numel())
         # Pack position -> row of the gathered K/V ([cp * rows], rank r's rows first at r * rows).
         self.gathered = torch.empty(int(cu[-1]), dtype=torch.int64)
-        index_of = []
-        for r, p in enumerate(pieces):
-            idx = torch.cat([torch.arange(starts[s] + b, starts[s] + e, dtype=torch.int64) for s, b, e in p]) \
-                if p else torch.zeros(0, dtype=torch.int64)
+        for r, (seq, begin, end) in enumerate(pieces):
+            idx = _expand(starts[seq] + begin, end - begin)
             self.gathered[idx] = r * rows + torch.arange(idx.numel(), dtype=torch.int64)
-            index_of.append(idx)
-        mine = index_of[cp_rank]
+            if r == cp_rank:
+                mine = idx
         self.num_local = int(mine.numel())
         self.index = torch.cat([mine, torch.full((rows - self.num_local,), -1, dtype=torch.int64)])
-        sequence_of = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int64),
-                                              torch.tensor(lengths, dtype=torch.int64))
-        pack_positions = torch.arange(int(cu[-1]), dtype=torch.int64) - cu[:-1][sequence_of]
+        sequence_of = torch.repeat_interleave(torch.arange(self.num_sequences, dtype=torch.int64), lengths)
+        pack_positions = torch.arange(int(cu[-1]), dtype=torch.int64) - starts[sequence_of]
         self.positions = torch.zeros(rows, dtype=torch.int64)
         self.positions[:self.num_local] = pack_positions[mine]
-        self.row_ids = len(lengths) + torch.arange(cp * rows, dtype=torch.int64)
+        self.row_ids = self.num_sequences + torch.arange(cp * rows, dtype=torch.int64)
         self.row_ids[self.gathered] = sequence_of
         self.row_positions = torch.zeros(cp * rows, dtype=torch.int64)
         self.row_positions[self.gathered] = pack_positions
 
     def shape_groups(self) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """This rank's sequences grouped by (length, local pieces) shape: per group
-        ``(queries [B, m], keys [B, n], allowed [m, n])``, the local row indices of the ``B``
-        sequences' queries, the gathered rows of their whole sequences, and which key each
-        query may see; and ``inverse`` int64 ``[rows]``, the row of the concatenated group
-        outputs (followed by one zero row per padding row) that belongs to each local row."""
-        by_seq: Dict[int, List[Tuple[int, int, int]]] = {}
-        row = 0
-        for s, b, e in self.pieces:
-            by_seq.setdefault(s, []).append((row, b, e))
-            row += e - b
-        shapes: Dict[tuple, List[int]] = {}
-        for s, parts in by_seq.items():
-            key = (self.lengths[s],) + tuple((b, e) for _, b, e in parts)
-            shapes.setdefault(key, []).append(s)
-        groups = []
-        order = []
-        for key in sorted(shapes):
-            seqs = shapes[key]
-            n, bounds = key[0], key[1:]
-            q_pos = torch.cat([torch.arange(b, e, dtype=torch.int64) for b, e in bounds])
-            queries = torch.stack([torch.cat([torch.arange(r0, r0 + e - b, dtype=torch.int64)
-                                              for r0, b, e in by_seq[s]]) for s in seqs])
-            keys = torch.stack([self.gathered[self.starts[s]:self.starts[s] + n] for s in seqs])
-            allowed = torch.arange(n, dtype=torch.int64)[None, :] <= q_pos[:, None]
-            groups.append((queries, keys, allowed))
-            order.append(queries.reshape(-1))
-        flat = torch.cat(order + [torch.arange(self.num_local, self.rows, dtype=torch.int64)])
+        """This rank's sequences grouped by length (which fixes the pieces a rank holds of
+        a sequence, so every sequence of a group has the same shape): per group ``(queries
+        [B, m], keys [B, n], allowed [m, n])``, the local row indices of the ``B`` sequences'
+        queries, the gathered rows of their whole sequences, and which key each query may
+        see; and ``inverse`` int64 ``[rows]``, the row of the concatenated group outputs
+        (followed by one zero row per padding row) that belongs to each local row. One
+        loop over the distinct lengths, none over the sequences."""
+        seq, begin, end = self.pieces
+        size = end - begin
+        # A rank's pieces of one sequence are adjacent in pack order, so its rows are contiguous.
+        sequences, per_sequence = torch.unique_consecutive(seq, return_counts=True)
+        first_row = (torch.cumsum(size, 0) - size)[torch.cumsum(per_sequence, 0) - per_sequence]
+        rows_of = torch.zeros_like(sequences).index_add_(
+            0, torch.repeat_interleave(torch.arange(sequences.numel()), per_sequence), size)
+        n_of = self.lengths[sequences]
+        by_length, order = torch.sort(n_of, stable=True)
+        distinct, counts = torch.unique_consecutive(by_length, return_counts=True)
+        groups, flat = [], []
+        for n, members in zip(distinct.tolist(), order.split(counts.tolist())):
+            r0, m = first_row[members], int(rows_of[members[0]])
+            queries = r0[:, None] + torch.arange(m, dtype=torch.int64)
+            keys = self.gathered[self.starts[sequences[members]][:, None] + torch.arange(n, dtype=torch.int64)]
+            q_pos = self.positions[int(r0[0]):int(r0[0]) + m]
+            groups.append((queries, keys, torch.arange(n, dtype=torch.int64)[None, :] <= q_pos[:, None]))
+            flat.append(queries.reshape(-1))
+        flat = torch.cat(flat + [torch.arange(self.num_local, self.rows, dtype=torch.int64)])
         inverse = torch.empty_like(flat)
         inverse[flat] = torch.arange(flat.numel(), dtype=torch.int64)
         return groups, inverse
@@ -164,15 +171,13 @@ class ContextSplit:
         out of the gathered K/V. Under a causal mask aligned to the bottom right, query ``j``
         of the piece (position ``start + j``) sees exactly its sequence's keys ``0 ..
         start + j``. Returns ``(cu_q, cu_k, key_rows, max_q, max_k)``, int64 tensors."""
-        if not self.pieces:
-            empty = torch.zeros(1, dtype=torch.int64)
-            return empty, empty, torch.zeros(0, dtype=torch.int64), 0, 0
-        seq, begin, end = (torch.tensor(x, dtype=torch.int64) for x in zip(*self.pieces))
-        cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(end - begin, 0)])
-        cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(end, 0)])
-        first = torch.tensor(self.starts, dtype=torch.int64)[seq]
-        within = torch.arange(int(cu_k[-1]), dtype=torch.int64) - torch.repeat_interleave(cu_k[:-1], end)
-        key_rows = self.gathered[torch.repeat_interleave(first, end) + within]
+        seq, begin, end = self.pieces
+        zero = torch.zeros(1, dtype=torch.int64)
+        if not seq.numel():
+            return zero, zero, torch.zeros(0, dtype=torch.int64), 0, 0
+        cu_q = torch.cat([zero, torch.cumsum(end - begin, 0)])
+        cu_k = torch.cat([zero, torch.cumsum(end, 0)])
+        key_rows = self.gathered[_expand(self.starts[seq], end)]
         return cu_q, cu_k, key_rows, int((end - begin).max()), int(end.max())
 
 

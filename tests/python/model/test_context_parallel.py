@@ -94,6 +94,29 @@ def test_split_cuts_long_sequences_in_mirrored_chunks_and_deals_short_ones():
     assert [sum(e - b for _, b, e in p) for p in pieces] == [22, 22]
 
 
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_split_covers_every_token_once_on_random_packs(cp):
+    rng = random.Random(10 + cp)
+    for _ in range(30):
+        lengths = [rng.choice([1, 2, 3, 2 * cp * CP_MIN_CHUNK - 1, 2 * cp * CP_MIN_CHUNK, rng.randrange(1, 300)])
+                   for _ in range(rng.randrange(1, 40))]
+        pieces = split_sequences(lengths, cp)
+        assert len(pieces) == cp
+        seen = sorted((s, t) for p in pieces for s, b, e in p for t in range(b, e))
+        assert seen == sorted((s, t) for s, n in enumerate(lengths) for t in range(n)), lengths
+        for p in pieces:
+            assert p == sorted(p)  # pack order
+            for s, b, e in p:
+                cut = cp > 1 and lengths[s] >= 2 * cp * CP_MIN_CHUNK
+                assert 0 <= b < e <= lengths[s] and (cut or (b, e) == (0, lengths[s]))
+        for s, n in enumerate(lengths):
+            holders = [r for r, p in enumerate(pieces) for t, _, _ in p if t == s]
+            if cp > 1 and n >= 2 * cp * CP_MIN_CHUNK:
+                assert holders == sorted(2 * list(range(cp)))  # two chunks on every rank
+            else:
+                assert len(holders) == 1
+
+
 def test_split_balances_causal_work_of_long_sequences():
     # Attention work of a query at position p is p + 1 keys: the mirrored pairs even it out.
     cp, n = 4, 1024
@@ -257,7 +280,7 @@ def test_varlen_bounds_give_each_piece_its_sequence_prefix():
     # chunks 0 and 3 of sequence 0 and sequence 1 (5 tokens) whole.
     cu = torch.tensor([0, 35, 40, 43])
     sp = ContextSplit(cu, 2, 0)
-    assert sp.pieces == [(0, 0, 9), (0, 27, 35), (1, 0, 5)]
+    assert [x.tolist() for x in sp.pieces] == [[0, 0, 1], [0, 27, 0], [9, 35, 5]]  # (sequence, start, end)
     cu_q, cu_k, key_rows, max_q, max_k = sp.varlen_bounds()
     assert cu_q.tolist() == [0, 9, 17, 22] and cu_k.tolist() == [0, 9, 44, 49]
     assert (max_q, max_k) == (9, 35)
