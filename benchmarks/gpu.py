@@ -241,6 +241,10 @@ def _layers(rank, world, spec):
                 "mfu": flops / seconds / peak if peak else None,
                 "per_gpu_tokens_per_s": tokens / seconds * LAYERS / MODEL_LAYERS / tp,
                 "attention": "+".join(sorted({c.attention.kernel for c in contexts}))}
+            row = rows[f"tp{tp}/{budget}"]
+            # As it is measured: a run stopped at a time limit keeps what it measured.
+            print(f"measured tp{tp}/{budget}: {row['tokens_per_s']:.0f} tokens/s, MFU "
+                  f"{(row['mfu'] or float('nan')):.1%}, {row['attention']} attention, {seconds:.3f} s", flush=True)
         layers.clear()  # frees the weights before the next shape
         if device.type == "cuda":
             torch.cuda.empty_cache()
