@@ -78,16 +78,6 @@ def test_sdpa_kernel_matches_the_per_sequence_reference(lengths, unbounded):
     _check_kernel_matches("sdpa", CPU, lengths)
 
 
-@pytest.fixture
-def stand_ins(monkeypatch):
-    """flash_attn and FlexAttention replaced by dense stand-ins with their contracts
-    (``attention_workers``), so that what this package builds for them (bounds, masks,
-    padding) is checked on the CPU; the real kernels are checked by the ``gpu`` tests."""
-    create_block_mask, flex_attention = aw.flex_stand_ins(attention.FLEX_BLOCK)
-    monkeypatch.setattr(attention, "_import_flash", lambda: aw.flash_varlen_stand_in)
-    monkeypatch.setattr(attention, "_compiled_flex", lambda: (create_block_mask, flex_attention))
-
-
 @pytest.mark.parametrize("lengths", PACKS + [[128], [60, 68, 1]], ids=lambda p: f"{len(p)}seqs-{sum(p)}")
 @pytest.mark.parametrize("kernel", ["flash_attn", "flex"])
 def test_flash_and_flex_packs_match_the_reference_with_stand_in_kernels(kernel, lengths, stand_ins):

@@ -155,15 +155,6 @@ CPU = torch.device("cpu")
 CP_KERNELS = ["grouped", "masked"] + (["sdpa"] if hasattr(F, "scaled_dot_product_attention") else [])
 
 
-@pytest.fixture
-def stand_ins(monkeypatch):
-    """flash_attn and FlexAttention replaced by dense stand-ins with their contracts
-    (``attention_workers``): what this package builds for them is checked on the CPU."""
-    create_block_mask, flex_attention = aw.flex_stand_ins(attention.FLEX_BLOCK)
-    monkeypatch.setattr(attention, "_import_flash", lambda: aw.flash_varlen_stand_in)
-    monkeypatch.setattr(attention, "_compiled_flex", lambda: (create_block_mask, flex_attention))
-
-
 def _context_attention(kernel, cp, lengths, hq=6, hkv=2, d=16, device=CPU, dtype=torch.float32, seed=3):
     """Every cp rank's attention over one pack in one process, the gather played by one
     concatenation of every rank's K/V rows (so the gradients of each rank's rows sum every
