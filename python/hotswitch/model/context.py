@@ -38,12 +38,12 @@ CP_MIN_CHUNK = 4  # tokens: shorter chunks stay whole on one rank (see above)
 Pieces = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (sequence, start, end), int64 [k] each
 
 
-def split_pieces(lengths: List[int], cp: int, min_chunk: int = CP_MIN_CHUNK) -> List[Pieces]:
+def split_pieces(lengths, cp: int, min_chunk: int = CP_MIN_CHUNK) -> List[Pieces]:
     """Which tokens of each sequence each cp rank holds, as tensors.
 
-    ``lengths``: tokens per sequence of a pack. Returns, for each cp rank, its pieces in pack
-    order as int64 tensors ``(sequence, start, end)`` (token positions within the sequence,
-    end exclusive). The dealing of whole sequences is ``hotswitch._C.context_split_owners``,
+    ``lengths``: tokens per sequence of a pack (ints or an int64 tensor, each >= 1, else
+    ``ValueError``). Returns, for each cp rank, its pieces in pack order as int64 tensors
+    ``(sequence, start, end)`` (token positions within the sequence, end exclusive). The dealing of whole sequences is ``hotswitch._C.context_split_owners``,
     the one the cost model prices; the rest is tensor arithmetic, with no loop over the
     sequences. Deterministic: every rank computes every rank's pieces alike."""
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:

@@ -137,11 +137,12 @@ def test_context_split_positions_and_padding():
         assert torch.equal(p.positions[local], expected)
 
 
-@pytest.mark.parametrize("cp,min_chunk,needle", [(0, 4, "cp must be a positive int"),
-                                                 (2, 0, "min_chunk must be a positive int")])
-def test_split_rejects_bad_arguments(cp, min_chunk, needle):
+@pytest.mark.parametrize("lengths,cp,min_chunk,needle", [([5], 0, 4, "cp must be a positive int, got 0"),
+                                                         ([5], 2, 0, "min_chunk must be a positive int"),
+                                                         ([5, 0], 2, 4, "sequence 1 has length 0, expected >= 1")])
+def test_split_rejects_bad_arguments(lengths, cp, min_chunk, needle):
     with pytest.raises(ValueError) as e:
-        split_sequences([5], cp, min_chunk)
+        split_sequences(lengths, cp, min_chunk)
     assert needle in str(e.value)
 
 
