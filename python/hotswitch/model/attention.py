@@ -197,34 +197,30 @@ def _sdpa_kernel(q, k, v, allowed):
     return out[0].transpose(0, 1)
 
 
-def _masked_kernel(q, k, v, blocked):
-    tq, hq, d = q.shape
-    tk, hkv = k.shape[0], k.shape[1]
-    repeat = hq // hkv
-    # Query head i reads K/V head i // repeat: fold each group's query heads into rows.
-    qg = q.reshape(tq, hkv, repeat, d).permute(1, 2, 0, 3).reshape(hkv, repeat * tq, d)
-    kg, vg = k.permute(1, 0, 2), v.permute(1, 0, 2)  # [hkv, Tk, d]
-    scores = torch.bmm(qg, kg.transpose(1, 2)) * (1.0 / math.sqrt(d))  # [hkv, repeat * Tq, Tk]
-    scores.view(hkv, repeat, tq, tk).masked_fill_(blocked, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype)
-    out = torch.bmm(probs, vg)  # [hkv, repeat * Tq, d]
-    return out.view(hkv, repeat, tq, d).permute(2, 0, 1, 3).reshape(tq, hq, d)
-
-
-def _context_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``q`` ``[B, m, hq, d]`` against ``k``/``v`` ``[B, n, hkv, d]`` where ``allowed`` ``[m, n]``;
-    returns ``[B, m, hq, d]``: ``B`` sequences of one shape under context parallelism. The
-    query heads sharing a K/V head are folded into rows, so K/V are never repeated."""
+def _masked_heads(q, k, v, blocked):
+    """``q`` ``[B, m, hq, d]`` against ``k``/``v`` ``[B, n, hkv, d]`` where ``blocked`` ``[m, n]``
+    is false: one batched matrix product and a masked softmax. Query head ``i`` reads K/V head
+    ``i // (hq / hkv)``: each group's query heads are folded into rows, so K/V are never
+    repeated."""
     b, m, hq, d = q.shape
     n, hkv = k.shape[1], k.shape[2]
     rep = hq // hkv
     qg = q.reshape(b, m, hkv, rep, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, rep * m, d)
     kg, vg = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, hkv, n, d]
-    scores = torch.matmul(qg, kg.transpose(-1, -2)) * (1.0 / d ** 0.5)  # [B, hkv, rep * m, n]
-    scores = scores.view(b, hkv, rep, m, n).masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype).view(b, hkv, rep * m, n)
+    scores = torch.matmul(qg, kg.transpose(-1, -2)) * (1.0 / math.sqrt(d))  # [B, hkv, rep * m, n]
+    scores.view(b, hkv, rep, m, n).masked_fill_(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(vg.dtype)
     out = torch.matmul(probs, vg)  # [B, hkv, rep * m, d]
     return out.view(b, hkv, rep, m, d).permute(0, 3, 1, 2, 4).reshape(b, m, hq, d)
+
+
+def _masked_kernel(q, k, v, blocked):
+    return _masked_heads(q[None], k[None], v[None], blocked)[0]
+
+
+def _context_blocks(q, k, v, blocked):
+    """``B`` sequences of one shape under context parallelism (``_masked_heads``)."""
+    return _masked_heads(q, k, v, blocked)
 
 
 def document_mask(q_ids: torch.Tensor, q_pos: torch.Tensor, k_ids: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

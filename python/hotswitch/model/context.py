@@ -242,7 +242,8 @@ class ContextAttention:
                 self.blocked = ~allowed
         else:
             groups, inverse = split.shape_groups()
-            self.groups = [tuple(x.to(device) for x in g) for g in groups]
+            self.groups = [(queries.to(device), keys.to(device), (~allowed).to(device))
+                           for queries, keys, allowed in groups]
             self.inverse = inverse.to(device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -271,8 +272,8 @@ class ContextAttention:
         elif self.kernel == "masked":
             out = attention._masked_kernel(q, k_all, v_all, self.blocked)
         else:
-            outs = [attention._context_blocks(q[queries], k_all[keys], v_all[keys], allowed).reshape(-1, q.shape[1], d)
-                    for queries, keys, allowed in self.groups]
+            outs = [attention._context_blocks(q[queries], k_all[keys], v_all[keys], blocked).reshape(-1, q.shape[1], d)
+                    for queries, keys, blocked in self.groups]
             outs.append(q.new_zeros((sp.rows - sp.num_local, q.shape[1], d)))
             return torch.cat(outs).index_select(0, self.inverse)
         return F.pad(out[:sp.num_local], (0, 0, 0, 0, 0, sp.rows - sp.num_local))
