@@ -44,6 +44,7 @@ only while ``heads * T^2 <= MASKED_MAX_SCORES[device type]`` and run larger pack
 
 import functools
 import math
+import re
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -89,9 +90,10 @@ def _import_flash():
     # Before 2.1 a causal mask with fewer queries than keys was aligned to the top left:
     # context parallelism's chunks (queries of a piece against its sequence's prefix) need
     # the bottom-right alignment.
-    version = tuple(int("".join(c for c in x if c.isdigit()) or 0) for x in flash_attn.__version__.split(".")[:2])
-    if version < (2, 1):
-        _log.info("flash_attn %s is older than 2.1: not used", flash_attn.__version__)
+    version = str(getattr(flash_attn, "__version__", ""))
+    parsed = re.match(r"(\d+)\.(\d+)", version)
+    if parsed is None or (int(parsed[1]), int(parsed[2])) < (2, 1):
+        _log.info("flash_attn %r is not 2.1 or later: not used", version)
         return None
     return flash_attn_varlen_func
 
@@ -154,8 +156,10 @@ def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int, prefe
 
 
 # ----------------------------------------------------------------------------- kernels
-# Each takes q [Tq, hq, d], k/v [Tk, hkv, d] (hq a multiple of hkv) and returns [Tq, hq, d];
-# a pack without context parallelism has Tq = Tk.
+# The per-layer kernels (_flash_kernel, _flex_kernel, _sdpa_kernel, _masked_kernel) take
+# q [Tq, hq, d], k/v [Tk, hkv, d] (hq a multiple of hkv) and return [Tq, hq, d]; a pack
+# without context parallelism has Tq = Tk. The grouped ones (_causal_blocks,
+# _context_blocks) take batches of sequences of one shape, [B, ...].
 
 
 def _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k):

@@ -42,15 +42,16 @@ def split_pieces(lengths, cp: int, min_chunk: int = CP_MIN_CHUNK) -> List[Pieces
     """Which tokens of each sequence each cp rank holds, as tensors.
 
     ``lengths``: tokens per sequence of a pack (ints or an int64 tensor, each >= 1, else
-    ``ValueError``). Returns, for each cp rank, its pieces in pack order as int64 tensors
-    ``(sequence, start, end)`` (token positions within the sequence, end exclusive). The dealing of whole sequences is ``hotswitch._C.context_split_owners``,
-    the one the cost model prices; the rest is tensor arithmetic, with no loop over the
+    ``ValueError``). Returns, for each cp rank, its pieces in pack order as int64 CPU
+    tensors ``(sequence, start, end)`` (token positions within the sequence, end
+    exclusive). The dealing of whole sequences is ``hotswitch._C.context_split_owners``, the
+    one the cost model prices; the rest is tensor arithmetic, with no loop over the
     sequences. Deterministic: every rank computes every rank's pieces alike."""
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise ValueError(f"cp must be a positive int, got {cp!r}")
     if isinstance(min_chunk, bool) or not isinstance(min_chunk, int) or min_chunk < 1:
         raise ValueError(f"min_chunk must be a positive int (tokens), got {min_chunk!r}")
-    n = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
+    n = torch.as_tensor(lengths, dtype=torch.int64).cpu().reshape(-1)
     owner = torch.tensor(_C.context_split_owners(n.tolist(), cp, min_chunk), dtype=torch.int64)
     cut = torch.nonzero(owner < 0).reshape(-1)
     chunks = 2 * cp
@@ -110,6 +111,8 @@ class ContextSplit:
         lengths = cu[1:] - cu[:-1]
         starts = cu[:-1]
         pieces = split_pieces(lengths, cp, min_chunk)
+        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp:
+            raise ValueError(f"cp_rank must be an int in [0, {cp}), got {cp_rank!r}")
         counts = [int((e - b).sum()) for _, b, e in pieces]
         rows = -(-max(counts) // multiple) * multiple
         self.cp, self.cp_rank, self.rows = cp, cp_rank, rows
@@ -170,7 +173,8 @@ class ContextSplit:
         the prefix ``[0, end)`` of its sequence, which ``key_rows[cu_k[i]:cu_k[i+1]]`` picks
         out of the gathered K/V. Under a causal mask aligned to the bottom right, query ``j``
         of the piece (position ``start + j``) sees exactly its sequence's keys ``0 ..
-        start + j``. Returns ``(cu_q, cu_k, key_rows, max_q, max_k)``, int64 tensors."""
+        start + j``. Returns ``(cu_q, cu_k, key_rows, max_q, max_k)``: int64 tensors and the
+        longest piece and prefix (ints)."""
         seq, begin, end = self.pieces
         zero = torch.zeros(1, dtype=torch.int64)
         if not seq.numel():
@@ -202,8 +206,7 @@ class ContextAttention:
     (no row is fully masked, so no kernel yields NaN) and their output is zero.
     """
 
-    def __init__(self, split: ContextSplit, gather, kernel: str = "grouped", heads: int = 1,
-                 device: torch.device = torch.device("cpu")):
+    def __init__(self, split: ContextSplit, gather, kernel: str, heads: int, device: torch.device):
         if kernel not in attention.KERNELS:
             raise ValueError(f"attention kernel {kernel!r} is not one of {', '.join(attention.KERNELS)}")
         device = torch.device(device)

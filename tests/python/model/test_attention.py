@@ -8,6 +8,8 @@ cleanly without a CUDA device (``script/gpu-check`` runs them), the ``sdpa`` tes
 
 import logging
 import math
+import sys
+import types
 
 import pytest
 import torch
@@ -82,6 +84,26 @@ def test_sdpa_kernel_matches_the_per_sequence_reference(lengths, unbounded):
 @pytest.mark.parametrize("kernel", ["flash_attn", "flex"])
 def test_flash_and_flex_packs_match_the_reference_with_stand_in_kernels(kernel, lengths, stand_ins):
     _check_kernel_matches(kernel, CPU, lengths)
+
+
+@pytest.mark.parametrize("version,used", [("2.0.9", False), ("2.0rc3", False), (None, False), ("2.1.0", True),
+                                          ("2.7.4.post1", True), ("3.0.0b1", True)])
+def test_flash_attn_is_used_from_2_1_only(monkeypatch, version, used):
+    # Context parallelism needs the causal mask aligned to the bottom right (flash-attn 2.1).
+    fake = types.ModuleType("flash_attn")
+
+    def varlen(*args, **kwargs):
+        raise AssertionError("not called here")
+
+    fake.flash_attn_varlen_func = varlen
+    if version is not None:
+        fake.__version__ = version
+    monkeypatch.setitem(sys.modules, "flash_attn", fake)
+    attention._import_flash.cache_clear()
+    try:
+        assert (attention._import_flash() is varlen) == used, version
+    finally:
+        attention._import_flash.cache_clear()
 
 
 def test_masked_kernel_does_not_repeat_key_value_heads(monkeypatch, unbounded):

@@ -125,6 +125,12 @@ def test_split_balances_causal_work_of_long_sequences():
     assert max(work) - min(work) <= 0.01 * max(work), work
 
 
+@pytest.mark.parametrize("cp_rank", [-1, 2, True, 1.0])
+def test_context_split_rejects_a_rank_outside_the_group(cp_rank):
+    with pytest.raises(ValueError, match=r"cp_rank must be an int in \[0, 2\), got"):
+        ContextSplit(torch.tensor([0, 40, 43]), 2, cp_rank)
+
+
 def test_context_split_positions_and_padding():
     cu = torch.tensor([0, 40, 43], dtype=torch.int64)
     parts = [ContextSplit(cu, 2, r, multiple=4) for r in range(2)]
