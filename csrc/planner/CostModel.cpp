@@ -30,6 +30,12 @@ constexpr double kAttentionRecomputeFlops = 9;
 // Flash attention's head-dim granularity.
 constexpr int64_t kHeadDimStep = 32;
 
+// First token of chunk j of a sequence of n tokens cut into `chunks` (the first n mod chunks
+// one longer), as hotswitch.model.context cuts it.
+int64_t chunkStart(int64_t n, int64_t chunks, int64_t j) {
+  return j * (n / chunks) + std::min(j, n % chunks);
+}
+
 }  // namespace
 
 std::vector<int> contextSplitOwners(const std::vector<int64_t>& lengths, int cp, int64_t minChunk) {
@@ -46,10 +52,9 @@ std::vector<int> contextSplitOwners(const std::vector<int64_t>& lengths, int cp,
       whole.push_back({-n, s});
       continue;
     }
-    // Rank i's chunks i and 2cp - 1 - i hold n / cp tokens, give or take one.
-    const int64_t base = n / chunks, extra = n % chunks;
-    for (int i = 0; i < cp; ++i) {
-      tokens[i] += 2 * base + (i < extra ? 1 : 0) + (chunks - 1 - i < extra ? 1 : 0);
+    for (int64_t i = 0; i < cp; ++i) {  // rank i: chunks i and 2cp - 1 - i
+      tokens[i] += chunkStart(n, chunks, i + 1) - chunkStart(n, chunks, i) + chunkStart(n, chunks, chunks - i) -
+                   chunkStart(n, chunks, chunks - 1 - i);
     }
   }
   std::sort(whole.begin(), whole.end());
@@ -78,8 +83,7 @@ std::vector<ContextLoad> contextSplitLoads(const std::vector<int64_t>& lengths, 
       l.sequences += 1;
       continue;
     }
-    const int64_t base = n / chunks, extra = n % chunks;
-    auto start = [&](int64_t j) { return j * base + std::min(j, extra); };
+    auto start = [&](int64_t j) { return chunkStart(n, chunks, j); };
     for (int i = 0; i < cp; ++i) {
       for (int64_t j : {static_cast<int64_t>(i), chunks - 1 - i}) {
         out[i].tokens += start(j + 1) - start(j);

@@ -24,6 +24,7 @@ replica hold the whole pack's token ids), so the loss of each token is computed 
 token lives and the replica's loss is the sum over its cp ranks.
 """
 
+import functools
 from typing import List, Tuple
 
 import torch
@@ -107,12 +108,12 @@ class ContextSplit:
 
     def __init__(self, cu_seqlens: torch.Tensor, cp: int, cp_rank: int, multiple: int = 1,
                  min_chunk: int = CP_MIN_CHUNK):
+        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp:
+            raise ValueError(f"cp_rank must be an int in [0, {cp}), got {cp_rank!r}")
         cu = torch.as_tensor(cu_seqlens, dtype=torch.int64).cpu()
         lengths = cu[1:] - cu[:-1]
         starts = cu[:-1]
         pieces = split_pieces(lengths, cp, min_chunk)
-        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp:
-            raise ValueError(f"cp_rank must be an int in [0, {cp}), got {cp_rank!r}")
         counts = [int((e - b).sum()) for _, b, e in pieces]
         rows = -(-max(counts) // multiple) * multiple
         self.cp, self.cp_rank, self.rows = cp, cp_rank, rows
@@ -127,14 +128,22 @@ class ContextSplit:
                 mine = idx
         self.num_local = int(mine.numel())
         self.index = torch.cat([mine, torch.full((rows - self.num_local,), -1, dtype=torch.int64)])
-        sequence_of = torch.repeat_interleave(torch.arange(self.num_sequences, dtype=torch.int64), lengths)
-        pack_positions = torch.arange(int(cu[-1]), dtype=torch.int64) - starts[sequence_of]
+        _, begin, end = self.pieces
         self.positions = torch.zeros(rows, dtype=torch.int64)
-        self.positions[:self.num_local] = pack_positions[mine]
-        self.row_ids = self.num_sequences + torch.arange(cp * rows, dtype=torch.int64)
-        self.row_ids[self.gathered] = sequence_of
-        self.row_positions = torch.zeros(cp * rows, dtype=torch.int64)
-        self.row_positions[self.gathered] = pack_positions
+        self.positions[:self.num_local] = _expand(begin, end - begin)
+
+    # Only the mask kernels (FlexAttention, SDPA, masked) need these: built on first use.
+    @functools.cached_property
+    def row_ids(self) -> torch.Tensor:
+        ids = self.num_sequences + torch.arange(self.cp * self.rows, dtype=torch.int64)
+        ids[self.gathered] = torch.repeat_interleave(torch.arange(self.num_sequences, dtype=torch.int64), self.lengths)
+        return ids
+
+    @functools.cached_property
+    def row_positions(self) -> torch.Tensor:
+        positions = torch.zeros(self.cp * self.rows, dtype=torch.int64)
+        positions[self.gathered] = _expand(torch.zeros_like(self.lengths), self.lengths)
+        return positions
 
     def shape_groups(self) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor]:
         """This rank's sequences grouped by length (which fixes the pieces a rank holds of
