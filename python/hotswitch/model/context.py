@@ -108,12 +108,12 @@ class ContextSplit:
 
     def __init__(self, cu_seqlens: torch.Tensor, cp: int, cp_rank: int, multiple: int = 1,
                  min_chunk: int = CP_MIN_CHUNK):
-        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp:
-            raise ValueError(f"cp_rank must be an int in [0, {cp}), got {cp_rank!r}")
         cu = torch.as_tensor(cu_seqlens, dtype=torch.int64).cpu()
         lengths = cu[1:] - cu[:-1]
         starts = cu[:-1]
-        pieces = split_pieces(lengths, cp, min_chunk)
+        pieces = split_pieces(lengths, cp, min_chunk)  # checks cp first
+        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp:
+            raise ValueError(f"cp_rank must be an int in [0, {cp}), got {cp_rank!r}")
         counts = [int((e - b).sum()) for _, b, e in pieces]
         rows = -(-max(counts) // multiple) * multiple
         self.cp, self.cp_rank, self.rows = cp, cp_rank, rows
