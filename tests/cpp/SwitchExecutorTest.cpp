@@ -1,52 +1,21 @@
 #include "redistribute/SwitchExecutor.h"
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <cstdio>
 #include <thread>
 
 #include "TestModels.h"
 #include "common/Check.h"
-#include "transport/C10dTransport.h"
+#include "ThreadTransport.h"
 
 namespace hotswitch {
 namespace {
 
 using testing::forEachElement;
 using testing::probeValue;
+using testing::runRanks;
 using testing::transformerSet;
-
-// Runs fn(rank, transport) on `world` threads, each with its own gloo process group over a
-// fresh FileStore.
-template <typename Fn>
-void runRanks(int world, Fn fn, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  char path[] = "/tmp/hotswitch-store-XXXXXX";
-  int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  std::remove(path);
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto store = c10::make_intrusive<::c10d::FileStore>(path, world);
-        auto options = ::c10d::ProcessGroupGloo::Options::create();
-        options->timeout = timeout;
-        options->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        auto pg = c10::make_intrusive<::c10d::ProcessGroupGloo>(store, r, world, options);
-        fn(r, std::make_shared<C10dTransport>(pg));
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::remove(path);
-  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
 
 std::vector<at::Tensor> fill(const TensorSet& set, const Placement& p, int rank) {
   std::vector<at::Tensor> out;
