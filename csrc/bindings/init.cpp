@@ -81,17 +81,23 @@ py::list buffersList(const std::vector<BufferSpec>& buffers) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hotswitch native core";
 
-  static py::exception<Fault> faultError(m, "SwitchFault", PyExc_RuntimeError);
-  static py::exception<Timeout> timeoutError(m, "SwitchTimeout", faultError.ptr());
+  // The exception types live in the module, stored once without a C++ destructor that would
+  // run after the interpreter has shut down (a static py::exception would).
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> faultError;
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> timeoutError;
+  faultError.call_once_and_store_result(
+      [&] { return py::exception<Fault>(m, "SwitchFault", PyExc_RuntimeError); });
+  timeoutError.call_once_and_store_result(
+      [&] { return py::exception<Timeout>(m, "SwitchTimeout", faultError.get_stored()); });
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const InvalidArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      py::set_error(PyExc_ValueError, e.what());
     } catch (const Timeout& e) {
-      PyErr_SetString(timeoutError.ptr(), e.what());
+      py::set_error(timeoutError.get_stored(), e.what());
     } catch (const Fault& e) {
-      PyErr_SetString(faultError.ptr(), e.what());
+      py::set_error(faultError.get_stored(), e.what());
     }
   });
 

@@ -24,6 +24,7 @@ if len(sys.argv) > 1 and rank == int(sys.argv[1]):
 if len(sys.argv) > 1:
     import time; time.sleep(600)  # a rank that would wait forever for the failed one
 dist.barrier()
+dist.destroy_process_group()
 """
 
 
