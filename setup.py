@@ -2,10 +2,13 @@
 build (CMakeLists.txt, target _C), which this file drives rather than compiling anything itself.
 
     script/build                               # this checkout: CMake, then an editable install
-    pip install --no-build-isolation -e .      # the editable install by hand
-    pip install --no-build-isolation .         # a copy into site-packages
+    pip install .                              # a fresh environment: torch comes with it
+    pip install --no-build-isolation .         # an environment that has its torch already
 
-Without --no-build-isolation pip builds in a fresh environment that has no torch.
+With build isolation pip builds against the torch it installs for the build (the newest that
+pyproject.toml admits), which is the torch it then installs into a fresh environment; into an
+environment that already has another torch, build without isolation, against that torch
+(``import hotswitch`` refuses an extension built against another torch).
 
 The CMake build folder is build/cmake, or $HOTSWITCH_BUILD_DIR. A folder already configured
 (script/build configures it with the tests and benchmarks) is only built, so an install after
@@ -80,14 +83,11 @@ class CMakeBuild(build_ext):
                 self.copy_file(built, in_place, level=self.verbose)
 
 
+# The package's metadata and dependencies are in pyproject.toml.
 setup(
-    name="hotswitch",
-    version="0.1.0",
-    description="Per-step parallel layouts with planned hot switching for LLM training",
     package_dir={"": "python"},
     packages=find_packages("python"),
     ext_modules=[Extension("hotswitch._C", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
-    python_requires=">=3.8",
     zip_safe=False,
 )

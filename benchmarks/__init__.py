@@ -1,8 +1,21 @@
-"""Benchmarks: `/usr/bin/python3 -m benchmarks.NAME [--quick]` from the repository root; each
+"""Benchmarks: `.venv/bin/python -m benchmarks.NAME [--quick]` from the repository root; each
 prints `RESULT {json}` as its last line."""
 
 
 import math
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_data_dir() -> str:
+    """Where the benchmarks read length files and measured runs: ``$HOTSWITCH_DATA_DIR``, else
+    ``third_party/data`` in the checkout when ``script/gpu-check --prepare`` filled it (it
+    travels with the tree to a machine without ``../shared``), else ``../shared/data``."""
+    if os.environ.get("HOTSWITCH_DATA_DIR"):
+        return os.environ["HOTSWITCH_DATA_DIR"]
+    local = os.path.join(ROOT, "third_party", "data")
+    return local if os.path.isdir(local) else os.path.join(ROOT, "..", "shared", "data")
 
 
 def rounded(v):

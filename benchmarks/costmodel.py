@@ -40,14 +40,13 @@ import time
 import numpy as np
 
 import hotswitch as hs
-from benchmarks import rounded
+from benchmarks import default_data_dir, rounded
 from hotswitch import planner as planning
 from hotswitch.analysis.simulate import simulate
 from hotswitch.calibration import runs as measured
 from hotswitch.data import load_lengths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA_DIR = os.path.join(ROOT, "..", "shared", "data")
+DEFAULT_DATA_DIR = default_data_dir()
 DEFAULT_RUNS = os.path.join(DEFAULT_DATA_DIR, "megatron_runs", "runs.csv")
 MODEL = "llama-7b"
 MAX_CONTEXT = 32768

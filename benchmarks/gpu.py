@@ -60,10 +60,9 @@ from hotswitch.hardware import preset_for_device
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.init import init_shards
 from hotswitch.model.transformer import PackContext, TransformerLayer
-from benchmarks import rounded
+from benchmarks import default_data_dir, rounded
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA_DIR = os.path.join(ROOT, "..", "shared", "data")
+DEFAULT_DATA_DIR = default_data_dir()
 LLAMA_7B = dict(hidden_size=4096, num_attention_heads=32, num_query_groups=32, ffn_hidden_size=11008,
                 vocab_size=32000)
 MODEL_LAYERS = 32

@@ -44,15 +44,14 @@ import tempfile
 import time
 
 import hotswitch as hs
-from benchmarks import rounded
+from benchmarks import default_data_dir, rounded
 from hotswitch.analysis import milp
 from hotswitch import planner as planning
 from hotswitch.analysis.simulate import simulate
 from hotswitch.data import load_lengths
 from hotswitch.hardware import load_hardware
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA_DIR = os.path.join(ROOT, "..", "shared", "data")
+DEFAULT_DATA_DIR = default_data_dir()
 MODEL = "llama-7b"
 GPUS_PER_NODE = 8
 MAX_CONTEXT = 32768

@@ -8,6 +8,7 @@
 #   HOTSWITCH_PYBIND11_INCLUDE_DIR the pybind11 headers torch was built with
 #   HOTSWITCH_PYBIND11_DEFINITIONS pybind11's ABI keys, as torch has them
 #   HOTSWITCH_PYTHON_EXT_SUFFIX    the extension suffix, e.g. .cpython-311-x86_64-linux-gnu.so
+#   HOTSWITCH_TORCH_VERSION        torch.__version__, which the extension records (_C.TORCH_VERSION)
 # torch_info.py prints one `key=value` a line; no value may hold a ';' (a CMake list separator).
 
 find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
@@ -32,33 +33,26 @@ set(_hs_torch_include_dirs "${_hs_torch_include_dir}" "${_hs_torch_api_include_d
 message(STATUS "hotswitch: Python ${Python3_EXECUTABLE}, torch ${_hs_torch_version}"
                " (CUDA ${_hs_torch_cuda}), CXX11 ABI ${_hs_torch_cxx11_abi}")
 set(HOTSWITCH_TORCH_CXX11_ABI "${_hs_torch_cxx11_abi}")
+set(HOTSWITCH_TORCH_VERSION "${_hs_torch_version}")
 set(HOTSWITCH_PYTHON_EXT_SUFFIX "${_hs_torch_ext_suffix}")
 
-if(HOTSWITCH_TORCH_FROM_PYTHON)
-  # What torch.utils.cpp_extension does for a CPU extension: torch's headers, and c10, torch
-  # and torch_cpu from torch/lib. Needs no CUDA toolkit, also for a CUDA build of torch.
-  set(TORCH_INSTALL_PREFIX "${_hs_torch_lib_dir}/..")
-  set(TORCH_INCLUDE_DIRS ${_hs_torch_include_dirs})
-  add_library(hotswitch_libtorch INTERFACE)
-  target_include_directories(hotswitch_libtorch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
-  foreach(_lib c10 torch torch_cpu)
-    find_library(HOTSWITCH_LIB_${_lib} ${_lib} PATHS "${_hs_torch_lib_dir}" NO_DEFAULT_PATH REQUIRED)
-    target_link_libraries(hotswitch_libtorch INTERFACE "${HOTSWITCH_LIB_${_lib}}")
-  endforeach()
-  set(HOTSWITCH_TORCH_LIBRARIES hotswitch_libtorch)
-  message(STATUS "hotswitch: torch from ${_hs_torch_lib_dir} (HOTSWITCH_TORCH_FROM_PYTHON)")
-else()
-  list(APPEND CMAKE_PREFIX_PATH "${_hs_torch_cmake_prefix_path}")
-  find_package(Torch REQUIRED)
-  set(HOTSWITCH_TORCH_LIBRARIES ${TORCH_LIBRARIES})
-endif()
+# torch's headers, and c10, torch and torch_cpu from torch/lib: what torch.utils.cpp_extension
+# does for a CPU extension. The extension has no CUDA code, so a CUDA build of torch needs no
+# CUDA toolkit here (torch's own CMake package would ask for one).
+set(TORCH_INCLUDE_DIRS ${_hs_torch_include_dirs})
+add_library(hotswitch_libtorch INTERFACE)
+target_include_directories(hotswitch_libtorch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+foreach(_lib c10 torch torch_cpu)
+  find_library(HOTSWITCH_LIB_${_lib} ${_lib} PATHS "${_hs_torch_lib_dir}" NO_DEFAULT_PATH REQUIRED)
+  target_link_libraries(hotswitch_libtorch INTERFACE "${HOTSWITCH_LIB_${_lib}}")
+endforeach()
+set(HOTSWITCH_TORCH_LIBRARIES hotswitch_libtorch)
 
-find_library(HOTSWITCH_TORCH_PYTHON_LIBRARY torch_python
-  HINTS "${TORCH_INSTALL_PREFIX}/lib" "${_hs_torch_lib_dir}" REQUIRED)
-# Torch wheels carry the pybind11 headers torch was built with; Debian's torch uses pybind11-dev.
-find_path(HOTSWITCH_PYBIND11_INCLUDE_DIR pybind11/pybind11.h HINTS ${TORCH_INCLUDE_DIRS} ${_hs_torch_include_dirs})
+find_library(HOTSWITCH_TORCH_PYTHON_LIBRARY torch_python PATHS "${_hs_torch_lib_dir}" NO_DEFAULT_PATH REQUIRED)
+# Torch wheels carry the pybind11 headers torch was built with.
+find_path(HOTSWITCH_PYBIND11_INCLUDE_DIR pybind11/pybind11.h PATHS ${_hs_torch_include_dirs} NO_DEFAULT_PATH)
 if(NOT HOTSWITCH_PYBIND11_INCLUDE_DIR)
-  message(FATAL_ERROR "hotswitch: pybind11 headers not found (torch's include folder or pybind11-dev)")
+  message(FATAL_ERROR "hotswitch: pybind11 headers not found in torch's include folder")
 endif()
 
 set(HOTSWITCH_PYBIND11_DEFINITIONS "")

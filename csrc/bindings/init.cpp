@@ -80,6 +80,8 @@ py::list buffersList(const std::vector<BufferSpec>& buffers) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hotswitch native core";
+  // The torch this module was compiled against: it runs under that release only.
+  m.attr("TORCH_VERSION") = HOTSWITCH_TORCH_VERSION;
 
   // The exception types live in the module, stored once without a C++ destructor that would
   // run after the interpreter has shut down (a static py::exception would).

@@ -15,6 +15,18 @@ trainer) and ``cli`` (the command-line programs).
 import torch  # noqa: F401  (loads libtorch before the extension)
 import torch.distributed  # noqa: F401  (registers the ProcessGroup types the extension takes)
 
+# The extension uses torch's C++ API, which changes between releases: it runs only under the
+# torch it was compiled against.
+try:
+    from hotswitch import _C
+except ImportError as e:
+    raise ImportError(f"hotswitch's extension does not load under torch {torch.__version__} ({e}); rebuild it "
+                      "against this torch: pip install --no-build-isolation . (or script/build)") from e
+if _C.TORCH_VERSION != torch.__version__:
+    raise ImportError(f"hotswitch's extension was built against torch {_C.TORCH_VERSION}, but this Python imports "
+                      f"torch {torch.__version__}; rebuild it against this torch: pip install --no-build-isolation . "
+                      "(or script/build)")
+
 from hotswitch._C import (  # noqa: E402
     CostModel,
     HardwareProfile,

@@ -5,6 +5,8 @@ import random
 
 import pytest
 
+pytest.importorskip("pulp", reason="the MILP reference needs PuLP (pip install hotswitch[milp])")
+
 import hotswitch as hs
 from hotswitch.planner import build_planner
 from hotswitch.analysis import milp

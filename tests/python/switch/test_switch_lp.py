@@ -5,6 +5,8 @@ import itertools
 
 import pytest
 
+pytest.importorskip("pulp", reason="the MILP reference needs PuLP (pip install hotswitch[milp])")
+
 import hotswitch as hs
 from hotswitch.analysis import switch_lp
 from tests.python.switch.placements import model_set
