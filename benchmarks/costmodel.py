@@ -25,7 +25,7 @@
   32 GPUs (a800 preset, all distributions pooled); ``plan_cpu_ms_p50_1024seq_32gpu`` its CPU
   time (the same on an idle host; on a shared one the wall time also counts other processes).
 
-    /usr/bin/python3 -m benchmarks.costmodel [--quick] [--runs FILE.csv] [--data-dir DIR]
+    .venv/bin/python -m benchmarks.costmodel [--quick] [--runs FILE.csv] [--data-dir DIR]
 """
 
 import argparse

@@ -25,7 +25,7 @@ merged by log-sum-exp; backward passes the K/V gradients back along the ring). R
 ``allgather_attention_tokens_per_s``, ``ring_attention_tokens_per_s`` and the largest
 difference of the ring's output and gradients from the all-gather's.
 
-    /usr/bin/python3 -m benchmarks.cp_attention [--quick]
+    .venv/bin/python -m benchmarks.cp_attention [--quick]
 """
 
 import argparse

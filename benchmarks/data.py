@@ -28,7 +28,7 @@ share of a training step.
   ``grad_norm_rel_diff_max``: the same runs in fp32, the largest relative difference of a
   step's gradient norm (before clipping) from the one-rank run's.
 
-    /usr/bin/python3 -m benchmarks.data [--quick]
+    .venv/bin/python -m benchmarks.data [--quick]
 """
 
 import argparse

@@ -13,7 +13,7 @@ state as lost and the resume as not equal. ``--quick`` leaves out the stall duri
 Bad inputs (``tests/python/bad_inputs.py``): each must raise ValueError naming the value, or,
 for a command-line argument, exit with code 2 and a message naming the value and the option.
 
-    /usr/bin/python3 -m benchmarks.faults [--quick]
+    .venv/bin/python -m benchmarks.faults [--quick]
 """
 
 import argparse

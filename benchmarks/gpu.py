@@ -38,7 +38,7 @@ warm-up pass over each of them. Random token ids: the time does not depend on th
   and unpacking, which is all a switch does locally. Its seconds over those of one plain
   device copy of the same bytes; the larger of the two directions.
 
-    /usr/bin/python3 -m benchmarks.gpu [--quick] [--data-dir DIR]
+    .venv/bin/python -m benchmarks.gpu [--quick] [--data-dir DIR]
 """
 
 import argparse
@@ -278,12 +278,38 @@ def _switch(rank, world, spec):
             "copy_bytes_per_s": 2.0 * total / copy}
 
 
+def _ints(text, flag, default):
+    """A comma list of positive ints from the command line, or ``default`` when not given."""
+    if text is None:
+        return default
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{flag} must be a comma list of positive ints, got {text!r}")
+    return values
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes on the CPU (exercises the code)")
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR,
-                        help="holds wikipedia.lengths and megatron_runs/runs.csv (default ../shared/data)")
+                        help="holds wikipedia.lengths and megatron_runs/runs.csv (default: third_party/data when "
+                             "script/gpu-check --prepare filled it, else ../shared/data)")
+    parser.add_argument("--tp", default=None, help=f"tensor-parallel shard shapes, e.g. 1,2 (default "
+                                                   f"{','.join(map(str, TPS))})")
+    parser.add_argument("--budgets", default=None, help=f"tokens a micro-batch, e.g. 4096 (default "
+                                                        f"{','.join(map(str, BUDGETS))}; --quick: its own)")
     args = parser.parse_args(argv)
+    try:
+        tps = _ints(args.tp, "--tp", TPS)
+        chosen_budgets = _ints(args.budgets, "--budgets", None)
+    except ValueError as e:
+        parser.error(str(e))
+    bad = [t for t in tps if LLAMA_7B["num_attention_heads"] % t or LLAMA_7B["ffn_hidden_size"] % t]
+    if bad:
+        parser.error(f"--tp {bad[0]} does not divide LLaMA-7B's 32 heads and FFN 11008")
     cuda = torch.cuda.is_available() and not args.quick
     if not cuda and not args.quick:
         parser.error("no CUDA device: the full benchmark measures a GPU; run --quick for CPU figures")
@@ -298,9 +324,9 @@ def main(argv=None):
         print(f"{lengths_path} not found; --quick draws lengths from a log-normal sample")
     else:
         parser.error(f"{lengths_path} not found (--data-dir)")
-    budgets = QUICK["budgets"] if args.quick else BUDGETS
+    budgets = chosen_budgets or (QUICK["budgets"] if args.quick else BUDGETS)
     count = QUICK["micro_batches"] if args.quick else MICRO_BATCHES
-    spec = {"cuda": cuda, "tps": TPS, "budgets": budgets, "model": QUICK["model"] if args.quick else LLAMA_7B,
+    spec = {"cuda": cuda, "tps": tps, "budgets": budgets, "model": QUICK["model"] if args.quick else LLAMA_7B,
             "warmup": QUICK["warmup"] if args.quick else WARMUP,
             "packs": {b: draw_packs(lengths, b, count, seed=b) for b in budgets}}
     backend = "nccl" if cuda else "gloo"

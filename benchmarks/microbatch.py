@@ -18,7 +18,7 @@ larger layer count; ``layer_micro_batch_s`` the time per layer of a micro-batch.
 name) and the profile is written, so the cost model plans with this runtime's own fixed
 cost.
 
-    /usr/bin/python3 -m benchmarks.microbatch [--quick] [--write-profile OUT.json --base h100|FILE.json]
+    .venv/bin/python -m benchmarks.microbatch [--quick] [--write-profile OUT.json --base h100|FILE.json]
 """
 
 import argparse

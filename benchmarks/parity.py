@@ -12,7 +12,7 @@ AdamW's eps is 1e-6: its step lr * g / (|g| + eps) amplifies the fp32 rounding o
 near-zero gradient by lr / eps, which with eps = 1e-8 alone reaches 1e-5 (see
 tests/python/model/test_model.py).
 
-    /usr/bin/python3 -m benchmarks.parity [--quick]
+    .venv/bin/python -m benchmarks.parity [--quick]
 """
 
 import argparse

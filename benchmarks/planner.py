@@ -32,7 +32,7 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
   GPUs (32 only with ``--quick``); switch costs from receive volumes. Planning time with cp
   layouts among the candidates: ``plan_ms_p50_1024seq_32gpu_cp`` (32K context, as the first).
 
-    /usr/bin/python3 -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
+    .venv/bin/python -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
 """
 
 import argparse

@@ -22,7 +22,7 @@ The switch is timed in the steady state of training (switching back and forth, e
 donating its old shards, so no new memory is touched) and fresh (new memory every time).
 Medians of repeated runs in one process.
 
-    /usr/bin/python3 -m benchmarks.redistribute [--quick] [--hardware a800]
+    .venv/bin/python -m benchmarks.redistribute [--quick] [--hardware a800]
 """
 
 import argparse

@@ -17,7 +17,7 @@ Runs are repeated (``--repeats``, default 3) and interleaved, each repetition in
 order; every figure is the median over repetitions. The first --warmup steps of every run
 (cold caches, the first re-calibration) are left out of the figures.
 
-    /usr/bin/python3 -m benchmarks.train [--quick]
+    .venv/bin/python -m benchmarks.train [--quick]
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Switches a small LLaMA-style model's weights through a tour of layouts on real processes
 and prints what moved.
 
-    /usr/bin/python3 examples/switch_demo.py --world 4            # spawns 4 local gloo ranks
+    python examples/switch_demo.py --world 4            # spawns 4 local gloo ranks
     torchrun --nproc-per-node 4 examples/switch_demo.py           # or torchrun (PyTorch 2.x)
 """
 

@@ -1,7 +1,7 @@
 """Hot-switch training from a plain PyTorch script.
 
     torchrun --nproc-per-node 4 examples/train_hot_switch.py
-    /usr/bin/python3 -m hotswitch.launch --nproc-per-node 4 examples/train_hot_switch.py   # without torchrun
+    python -m hotswitch.launch --nproc-per-node 4 examples/train_hot_switch.py   # without torchrun
 
 Each step's documents are bucketed by length and each bucket runs under the layout the
 planner picks for it (data parallel for short documents, tensor or pipeline parallel for

@@ -1,6 +1,6 @@
 """Calibrates a hardware profile on this machine and writes it as JSON.
 
-    /usr/bin/python3 -m hotswitch.calibration --out profile.json [--world 2] [--quick]
+    python -m hotswitch.calibration --out profile.json [--world 2] [--quick]
     python3 -m hotswitch.calibration --device cuda --out profile.json [--model llama-7b] [--tp 1,2,4,8]
 
 Spawns ``--world`` gloo processes, times forward and backward of a small parallel

@@ -1,8 +1,8 @@
 """Converts model weights between hotswitch's layout-independent checkpoints and the Hugging
 Face LLaMA layout (``config.json`` and safetensors):
 
-    /usr/bin/python3 -m hotswitch.convert --load ckpt/step_00000100 --save hf_model/     # out
-    /usr/bin/python3 -m hotswitch.convert --load hf_model/ --save ckpt_from_hf/          # in
+    python -m hotswitch.convert --load ckpt/step_00000100 --save hf_model/     # out
+    python -m hotswitch.convert --load hf_model/ --save ckpt_from_hf/          # in
 
 The direction follows ``--load``: a directory with ``config.json`` is a Hugging Face model, one
 with ``metadata.json`` (or a ``latest`` file) a hotswitch checkpoint. Going out, the model's

@@ -1,8 +1,8 @@
 """Fits the cost model's hardware profile to measured training runs, or checks a profile
 against them.
 
-    /usr/bin/python3 -m hotswitch.costmodel fit --runs runs.csv --out profile.json [--base h100-datasheet]
-    /usr/bin/python3 -m hotswitch.costmodel check --runs runs.csv [--profile h100|profile.json] [--plot scatter.png]
+    python -m hotswitch.costmodel fit --runs runs.csv --out profile.json [--base h100-datasheet]
+    python -m hotswitch.costmodel check --runs runs.csv [--profile h100|profile.json] [--plot scatter.png]
 
 A runs file is a CSV with the columns of data/megatron_runs/runs.csv (see
 ``hotswitch.calibration.runs``). ``fit`` moves the profile's efficiencies, link bandwidths and

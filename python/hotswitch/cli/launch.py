@@ -1,8 +1,8 @@
 """Starts the ranks of a job on this machine, like ``torchrun --standalone``, meeting through a
 temporary file store instead of a TCP port:
 
-    /usr/bin/python3 -m hotswitch.launch --nproc-per-node 4 -m hotswitch.train [ARGS...]
-    /usr/bin/python3 -m hotswitch.launch --nproc-per-node 4 script.py [ARGS...]
+    python -m hotswitch.launch --nproc-per-node 4 -m hotswitch.train [ARGS...]
+    python -m hotswitch.launch --nproc-per-node 4 script.py [ARGS...]
 
 Each rank gets torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``) plus ``HOTSWITCH_INIT_METHOD`` (``file://...``), which

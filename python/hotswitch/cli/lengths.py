@@ -1,7 +1,7 @@
 """Writes the token lengths of a directory of text files, one per line: the input of
 ``python -m hotswitch.cli.plan --lengths`` and of the planner benchmark.
 
-    /usr/bin/python3 -m hotswitch.cli.lengths [DIR] -o FILE [--max-files N] [--unit file|block]
+    python -m hotswitch.cli.lengths [DIR] -o FILE [--max-files N] [--unit file|block]
 
 DIR defaults to the Python standard library's source tree; documents are tokenized with
 hotswitch's byte-level tokenizer (``hotswitch.data``), so a length counts BOS, bytes and EOS.

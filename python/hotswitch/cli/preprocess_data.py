@@ -1,7 +1,7 @@
 """Tokenizes a JSONL file into Megatron-LM's indexed dataset format, as Megatron-LM's
 ``tools/preprocess_data.py`` does:
 
-    /usr/bin/python3 -m hotswitch.preprocess_data --input F.jsonl --json-keys text \\
+    python -m hotswitch.preprocess_data --input F.jsonl --json-keys text \\
         --output-prefix P --tokenizer-type Llama2Tokenizer --tokenizer-model tok.model \\
         --append-eod --workers 2
 

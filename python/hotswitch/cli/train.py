@@ -4,7 +4,7 @@ statically or with hot switching.
     torchrun --nproc-per-node 4 -m hotswitch.train --num-layers 4 --hidden-size 128 \\
         --num-attention-heads 4 --seq-length 1024 --global-batch-size 32 --train-iters 20 \\
         --hot-switch --candidate-layouts auto --memory-budget-gb 0.05
-    /usr/bin/python3 -m hotswitch.launch --nproc-per-node 4 -m hotswitch.train ...   # same, no torchrun
+    python -m hotswitch.launch --nproc-per-node 4 -m hotswitch.train ...   # same, no torchrun
 
 Arguments follow Megatron-LM's names; those of Megatron-LM that change nothing here are
 ignored with a warning, those it cannot honour are refused (hotswitch.cli.megatron_args).

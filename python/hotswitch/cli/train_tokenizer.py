@@ -1,6 +1,6 @@
 """Trains a SentencePiece tokenizer on a directory of text files or a JSONL file:
 
-    /usr/bin/python3 -m hotswitch.train_tokenizer --input DIR_OR_JSONL --output-prefix tok \\
+    python -m hotswitch.train_tokenizer --input DIR_OR_JSONL --output-prefix tok \\
         --vocab-size 8000 [--json-keys text] [--model-type bpe|unigram] [--max-files N]
 
 writes ``tok.model``, for ``--tokenizer-type SentencePieceTokenizer|Llama2Tokenizer

@@ -12,8 +12,8 @@ layer reuses it) and runs it. The kernels, in the order they are preferred:
     CUDA, fp16/bf16, head dimension a multiple of 8 up to 256. Work and memory of the
     per-sequence causal blocks; grouped-query attention natively.
 ``flex``
-    FlexAttention (``torch.nn.attention.flex_attention``, PyTorch >= 2.5, CUDA), compiled,
-    with a document-causal ``BlockMask``: the blocks outside every sequence are skipped;
+    FlexAttention (``torch.nn.attention.flex_attention``, PyTorch >= 2.5, CUDA), compiled
+    once for dynamic lengths, with a document-causal ``BlockMask``: the blocks outside every sequence are skipped;
     ``enable_gqa``. The pack is padded to a multiple of the block size (128).
 ``sdpa``
     ``F.scaled_dot_product_attention`` (PyTorch >= 2.0) over the whole pack with a
@@ -172,10 +172,13 @@ _compiled: Dict[str, object] = {}
 
 
 def _compiled_flex():
+    # Compiled for symbolic sequence lengths: one graph serves every pack size, so a process
+    # compiles FlexAttention once (per dtype and head shape), not once per padded length, and
+    # every later process of the machine finds that graph in inductor's on-disk cache.
     if "flex" not in _compiled:
         create_block_mask, flex_attention = _import_flex()
-        _compiled["flex"] = torch.compile(flex_attention)
-        _compiled["mask"] = torch.compile(create_block_mask)
+        _compiled["flex"] = torch.compile(flex_attention, dynamic=True)
+        _compiled["mask"] = torch.compile(create_block_mask, dynamic=True)
     return _compiled["mask"], _compiled["flex"]
 
 

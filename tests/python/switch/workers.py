@@ -213,6 +213,30 @@ def switch_on_device(rank, world, pairs):
     return failures
 
 
+def llama_round_trip(rank, world):
+    """LLaMA-7B's bf16 tensor set on the backend's device, world 1: "sharded" -> "zero" and
+    back, and "partial" -> "zero" (one summand: the same bytes). Returns the failures."""
+    nccl = torch.distributed.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    ts = hs.llama_tensor_set(dtype="bfloat16")
+    dp1 = hs.Layout.parse("dp1")
+    # Distinct small integers per tensor, exact in bf16.
+    shards = {s.name: ((torch.arange(s.numel, device=device) + 7 * i) % 251).to(torch.bfloat16).view(s.shape)
+              for i, s in enumerate(ts.specs)}
+    failures = []
+    flat = hs.switch(shards, ts, dp1, dp1, dst_kind="zero", timeout=120).shards
+    if flat.numel() != sum(s.numel for s in ts.specs) or flat.device != device:
+        failures.append(f"sharded -> zero gave {flat.numel()} elements on {flat.device}")
+    back = hs.switch(flat, ts, dp1, dp1, src_kind="zero", timeout=120).shards
+    if not _equal(back, shards):
+        failures.append("sharded -> zero -> sharded differs from the input")
+    del back
+    summed = hs.switch(shards, ts, dp1, dp1, src_kind="partial", dst_kind="zero", timeout=120).shards
+    if not torch.equal(summed, flat):
+        failures.append("partial -> zero differs from sharded -> zero")
+    return failures
+
+
 def _bits(x):
     """A 16-bit tensor's (or a dict's) bit patterns as int16: NaN payloads compare too."""
     if isinstance(x, torch.Tensor):
