@@ -15,9 +15,8 @@ program for world 16 only.
 Part 2 (executed): 4 gloo ranks, a scaled-down LLaMA (fp32, ~94 MB), several layout pairs:
 the switch against a bare batched send/recv of the same messages over the same transport
 (what packing, unpacking and the agreement cost) and against all-gather then select: every
-rank's source shards as one flat buffer, one ``all_gather_into_tensor`` (``all_gather``
-where the backend lacks it), then the new shards taken from the gathered buffer with one
-index per buffer, computed once before timing.
+rank's source shards as one flat buffer, one ``all_gather_into_tensor``, then the new shards
+taken from the gathered buffer with one index per buffer, computed once before timing.
 The switch is timed in the steady state of training (switching back and forth, each switch
 donating its old shards, so no new memory is touched) and fresh (new memory every time).
 Medians of repeated runs in one process.
@@ -221,29 +220,14 @@ def _gather_index(ts, src, dst, rank, world):
     return width, index
 
 
-def _gather_then_select(shards, order, width, index, world, into_tensor):
+def _gather_then_select(shards, order, width, index, world):
     """All-gather every rank's source shards as one flat buffer, select the new shards."""
     flat = torch.cat([shards[name].reshape(-1) for name in order])
     padded = torch.zeros(width, dtype=flat.dtype)
     padded[: flat.numel()] = flat
     gathered = torch.empty(world * width, dtype=flat.dtype)
-    if into_tensor:
-        dist.all_gather_into_tensor(gathered, padded)
-    else:
-        dist.all_gather(list(gathered.chunk(world)), padded)
+    dist.all_gather_into_tensor(gathered, padded)
     return {name: gathered.index_select(0, idx).view(shape) for name, shape, idx in index}
-
-
-def _all_gather_into_tensor_works(world):
-    """Whether the backend implements all_gather_into_tensor (gloo in PyTorch 1.13 does not)."""
-    if not hasattr(dist, "all_gather_into_tensor"):
-        return False
-    try:
-        out = torch.empty(world)
-        dist.all_gather_into_tensor(out, torch.ones(1))
-        return bool((out == 1).all())
-    except RuntimeError:
-        return False
 
 
 def _exec_rank(rank, world, store, repeats, queue):
@@ -254,7 +238,6 @@ def _exec_rank(rank, world, store, repeats, queue):
     gen = torch.Generator().manual_seed(0)
     full = {s.name: torch.randn(s.shape, generator=gen) for s in ts.specs}
     transport = _C.C10dTransport(dist.group.WORLD)
-    into_tensor = _all_gather_into_tensor_works(world)
     rows = []
     for src_name, dst_name in EXEC_PAIRS:
         src, dst = hs.Layout.parse(src_name), hs.Layout.parse(dst_name)
@@ -271,7 +254,7 @@ def _exec_rank(rank, world, store, repeats, queue):
             cold.append(t)
             t, _ = _timed(lambda: transport.exchange(sends, recvs, 120.0))
             raw.append(t)
-            t, sliced = _timed(lambda: _gather_then_select(shards, order, width, index, world, into_tensor))
+            t, sliced = _timed(lambda: _gather_then_select(shards, order, width, index, world))
             gather.append(t)
         assert sliced.keys() == result.shards.keys(), "switch and gather hold different tensors"
         assert all(torch.equal(result.shards[n], sliced[n]) for n in sliced), "switch and gather disagree"
@@ -295,7 +278,7 @@ def _exec_rank(rank, world, store, repeats, queue):
                      "exchange_s": statistics.median(p[1] for p in parts),
                      "unpack_s": statistics.median(p[2] for p in parts)})
     if rank == 0:
-        queue.put((rows, into_tensor))
+        queue.put(rows)
     dist.barrier()
 
 
@@ -305,12 +288,11 @@ def executed(repeats):
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_exec_rank, args=(4, os.path.join(tmp, "store"), repeats, queue),
                            nprocs=4, start_method="spawn")
-        rows, into_tensor = queue.get(timeout=60)
+        rows = queue.get(timeout=60)
     mb = sum(s.nbytes for s in _exec_set().specs) / 1e6
     print(f"executed switches, 4 gloo ranks, model {mb:.0f} MB, medians of {repeats} runs:")
     print("switch: steady state (old shards donated); fresh: new memory every switch; gather: "
-          + ("all_gather_into_tensor" if into_tensor else "all_gather (no all_gather_into_tensor in this backend)")
-          + " of flat buffers, then select")
+          "all_gather_into_tensor of flat buffers, then select")
     print(f"{'switch':<18}{'MB moved':>9}{'switch ms':>11}{'fresh ms':>10}{'raw ms':>9}{'gather ms':>11}"
           f"   rank 0: pack / exchange / unpack ms")
     for r in rows:
@@ -320,7 +302,6 @@ def executed(repeats):
     return {
         "exec_model_mb": round(mb, 1),
         "exec_pairs": len(rows),
-        "gather_collective": "all_gather_into_tensor" if into_tensor else "all_gather",
         "switch_overhead_vs_raw_median": statistics.median(r["switch_s"] / r["raw_s"] for r in rows),
         "switch_overhead_vs_raw_max": max(r["switch_s"] / r["raw_s"] for r in rows),
         "fresh_switch_overhead_vs_raw_median": statistics.median(r["cold_s"] / r["raw_s"] for r in rows),

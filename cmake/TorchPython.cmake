@@ -46,6 +46,14 @@ foreach(_lib c10 torch torch_cpu)
   find_library(HOTSWITCH_LIB_${_lib} ${_lib} PATHS "${_hs_torch_lib_dir}" NO_DEFAULT_PATH REQUIRED)
   target_link_libraries(hotswitch_libtorch INTERFACE "${HOTSWITCH_LIB_${_lib}}")
 endforeach()
+# The libstdc++ torch's process runs with, linked by name so that the linker takes every C++
+# runtime symbol from it: a compiler whose own libstdc++ is a static archive alone (a GCC
+# installed without its shared library) would otherwise copy parts of libstdc++ into the
+# extension, and two copies of its locale machinery in one process crash (check_extension.py).
+if(_hs_torch_libstdcxx)
+  target_link_libraries(hotswitch_libtorch INTERFACE "${_hs_torch_libstdcxx}")
+  message(STATUS "hotswitch: libstdc++ of torch's process: ${_hs_torch_libstdcxx}")
+endif()
 set(HOTSWITCH_TORCH_LIBRARIES hotswitch_libtorch)
 
 find_library(HOTSWITCH_TORCH_PYTHON_LIBRARY torch_python PATHS "${_hs_torch_lib_dir}" NO_DEFAULT_PATH REQUIRED)

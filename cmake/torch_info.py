@@ -20,3 +20,16 @@ print(f"ext_suffix={sysconfig.get_config_var('EXT_SUFFIX')}")
 # ProcessGroup handed to C10dTransport does not convert.
 for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
     print(f"pybind11_{name.lower()}={getattr(torch._C, f'_PYBIND11_{name}', None) or ''}")
+# The libstdc++ that torch's process runs with: the extension links that very library, so that
+# it carries no copy of libstdc++ of its own (see CMakeLists.txt).
+libstdcxx = ""
+try:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libstdc++.so"):
+                libstdcxx = path
+                break
+except OSError:
+    pass
+print(f"libstdcxx={libstdcxx}")

@@ -23,7 +23,7 @@ import torch
 
 __all__ = ["DTYPES", "load_file", "read_header", "save_file"]
 
-# safetensors dtype name -> torch dtype (formats that torch 1.13 has)
+# safetensors dtype name -> torch dtype
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,

@@ -15,17 +15,44 @@ from hotswitch import _C
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Packages the suite uses where present and skips without.
+needs_binutils = pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None,
+                                    reason="needs nm and readelf (binutils)")
 OPTIONAL = ("pulp", "scipy", "transformers", "safetensors", "tokenizers", "sentencepiece", "tensorboard",
             "matplotlib", "tqdm")
 
 
-def test_the_extension_exports_its_entry_point_alone():
-    nm = shutil.which("nm")
-    if nm is None:
-        pytest.skip("needs nm (binutils)")
-    out = subprocess.run([nm, "-D", "--defined-only", _C.__file__], capture_output=True, text=True, check=True)
-    names = [line.split()[-1] for line in out.stdout.splitlines() if line.strip()]
-    assert names == ["PyInit__C"], f"{_C.__file__} exports {len(names)} symbols: {names[:20]}"
+def _check(path):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "cmake", "check_extension.py"), path],
+                          capture_output=True, text=True, timeout=120)
+
+
+@needs_binutils
+def test_the_extension_exports_its_entry_point_alone_and_loads_libstdcxx_shared():
+    out = _check(_C.__file__)
+    assert out.returncode == 0 and "exports PyInit__C alone, libstdc++ shared" in out.stdout, out.stdout + out.stderr
+
+
+@needs_binutils
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.parametrize("flags,needle", [
+    ([], None),
+    (["-static-libstdc++"], "does not load libstdc++.so"),
+    (["-fvisibility=default"], "exports 2 symbols"),
+])
+def test_the_build_check_refuses_a_static_libstdcxx_and_extra_exports(tmp_path, flags, needle):
+    # A module that formats a number through a stream, as the core's messages do.
+    src = tmp_path / "m.cpp"
+    src.write_text('#include <sstream>\n#include <string>\n'
+                   'std::string twice(long x) { std::ostringstream os; os << x << x; return os.str(); }\n'
+                   'extern "C" __attribute__((visibility("default"))) int PyInit__C() { return twice(7).size(); }\n')
+    lib = tmp_path / "m.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-O1", "-fvisibility=hidden", *flags, str(src), "-o", str(lib)],
+                   check=True, timeout=120)
+    out = _check(str(lib))
+    if needle is None:
+        assert out.returncode == 0, out.stdout + out.stderr
+    else:
+        assert out.returncode == 1 and needle in out.stderr, out.stdout + out.stderr
 
 
 def test_the_extension_names_the_torch_it_was_built_against():

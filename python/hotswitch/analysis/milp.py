@@ -29,7 +29,7 @@ from hotswitch import _C
 
 __all__ = ["CBC_PATH", "piece_terms", "solve"]
 
-CBC_PATH = "/usr/bin/cbc"
+CBC_PATH = pulp.PULP_CBC_CMD().path  # the CBC binary that PuLP ships
 
 
 def piece_terms(model: "_C.CandidateModel", s: int):

@@ -28,7 +28,7 @@ from hotswitch import _C
 
 __all__ = ["CBC_PATH", "demand_classes", "solve", "plan_send_seconds"]
 
-CBC_PATH = "/usr/bin/cbc"
+CBC_PATH = pulp.PULP_CBC_CMD().path  # the CBC binary that PuLP ships
 
 Box = Tuple[Tuple[int, ...], Tuple[int, ...]]
 

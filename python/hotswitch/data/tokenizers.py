@@ -10,7 +10,7 @@ Every tokenizer has the same small interface:
   files yields per document, and what ``preprocess_data --append-eod`` writes);
 - ``detokenize(ids)``: the text of token ids.
 
-``SentencePieceTokenizer`` and ``Llama2Tokenizer`` need Debian's ``python3-sentencepiece``.
+``SentencePieceTokenizer`` and ``Llama2Tokenizer`` need the ``sentencepiece`` package.
 """
 
 import io

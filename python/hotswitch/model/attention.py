@@ -12,15 +12,14 @@ layer reuses it) and runs it. The kernels, in the order they are preferred:
     CUDA, fp16/bf16, head dimension a multiple of 8 up to 256. Work and memory of the
     per-sequence causal blocks; grouped-query attention natively.
 ``flex``
-    FlexAttention (``torch.nn.attention.flex_attention``, PyTorch >= 2.5, CUDA), compiled
+    FlexAttention (``torch.nn.attention.flex_attention``, CUDA), compiled
     once for dynamic lengths, with a document-causal ``BlockMask``: the blocks outside every sequence are skipped;
     ``enable_gqa``. The pack is padded to a multiple of the block size (128).
 ``sdpa``
-    ``F.scaled_dot_product_attention`` (PyTorch >= 2.0) over the whole pack with a
-    block-diagonal causal boolean mask ``[T, T]``; ``enable_gqa`` on PyTorch >= 2.5,
-    repeated K/V before.
+    ``F.scaled_dot_product_attention`` over the whole pack with a block-diagonal causal
+    boolean mask ``[T, T]``, ``enable_gqa``.
 ``masked``
-    The same as one batched matrix product and a masked softmax, on any PyTorch: the
+    The same as one batched matrix product and a masked softmax: the
     query heads that share a K/V head are folded into rows (``[hkv, rep * T, d]`` against
     ``[hkv, T, d]``), so K/V are never repeated.
 ``grouped``
@@ -45,7 +44,7 @@ only while ``heads * T^2 <= MASKED_MAX_SCORES[device type]`` and run larger pack
 import functools
 import math
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -71,15 +70,6 @@ MASKED_MAX_SCORES = {"cpu": 1 << 15, "cuda": 1 << 24}
 FLEX_BLOCK = 128
 
 
-def _torch_version() -> Tuple[int, int]:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
-_HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
-_SDPA_GQA = _torch_version() >= (2, 5)
-
-
 @functools.lru_cache(maxsize=None)
 def _import_flash():
     try:
@@ -100,8 +90,6 @@ def _import_flash():
 
 @functools.lru_cache(maxsize=None)
 def _import_flex():
-    if _torch_version() < (2, 5):  # 2.4's prototype has no enable_gqa
-        return None
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
@@ -120,9 +108,7 @@ def available_kernels(device: torch.device, dtype: torch.dtype, head_dim: int) -
         # FlexAttention's Triton kernels take head dims that are powers of two from 16.
         if head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _import_flex() is not None:
             out.append("flex")
-    if _HAS_SDPA:
-        out.append("sdpa")
-    return out + ["masked", "grouped"]
+    return out + ["sdpa", "masked", "grouped"]
 
 
 _chosen: Dict[tuple, str] = {}
@@ -192,15 +178,8 @@ def _flex_kernel(q, k, v, block_mask, padded_q, padded_k):
 
 
 def _sdpa_kernel(q, k, v, allowed):
-    repeat = q.shape[1] // k.shape[1]
-    extra = {}
-    if repeat > 1:
-        if _SDPA_GQA:
-            extra["enable_gqa"] = True
-        else:
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, h, T, d]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, **extra)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=q.shape[1] != k.shape[1])
     return out[0].transpose(0, 1)
 
 
@@ -250,13 +229,7 @@ def flex_document_mask(q_ids: torch.Tensor, q_pos: torch.Tensor, k_ids: torch.Te
 
 def _causal_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention of ``[B, h, n, d]`` blocks (k, v already expanded to h heads)."""
-    if _HAS_SDPA:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    n = q.shape[-2]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)
-    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1, dtype=torch.float32)
-    return torch.matmul(probs.to(v.dtype), v)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 # ----------------------------------------------------------------------------- packs

@@ -22,10 +22,7 @@ def global_ranks(group) -> List[int]:
     """Global rank of each rank of ``group``, in group-rank order."""
     if group is None or group is dist.group.WORLD:
         return list(range(dist.get_world_size()))
-    if hasattr(dist, "get_process_group_ranks"):  # torch >= 2.0
-        return list(dist.get_process_group_ranks(group))
-    ranks = dist.distributed_c10d._pg_group_ranks[group]  # torch 1.13: global -> group rank
-    return [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+    return list(dist.get_process_group_ranks(group))
 
 
 def _new_group(base, ranks: Tuple[int, ...], backend: str, timeout: float):

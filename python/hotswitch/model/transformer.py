@@ -34,21 +34,8 @@ RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 def _recomputed(fn, *args):
     """``fn(*args)`` keeping only ``args`` for the backward pass, which reruns ``fn`` first.
     Non-reentrant checkpointing: it nests inside autograd functions and pipeline sends, and
-    the rerun restores the autocast state of the forward (torch 1.13's non-reentrant
-    checkpoint restores only CUDA's, so the state is entered inside ``fn`` as well)."""
-    device = args[0].device.type
-    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4: per device type
-        enabled, dtype = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
-    elif device == "cpu":
-        enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
-    else:
-        enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
-
-    def run(*xs):
-        with torch.autocast(device, dtype=dtype, enabled=enabled):
-            return fn(*xs)
-
-    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False)
+    the rerun restores the forward's autocast state."""
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
 
 
 class PackContext:
@@ -127,8 +114,8 @@ class PackContext:
 
 def autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
     """Whether ``torch.autocast(device_type, dtype=dtype)`` computes matrix products in
-    ``dtype`` here (the CPU autocast of older torch, 1.13 among them, knows only bfloat16 and
-    silently turns itself off for float16)."""
+    ``dtype`` here (an autocast that lacks a dtype turns itself off with a warning, or
+    raises)."""
     import warnings
 
     a = torch.ones(2, 2, device=device_type)
@@ -221,7 +208,7 @@ class ParallelTransformer(nn.Module):
     With ``config.compute_dtype`` (bfloat16 or float16 over float32 parameters) the stage's
     forward runs under ``torch.autocast`` on the model's device: matrix products and attention
     in 16 bits; parameters, their gradients, the residual stream, the norms and the loss in
-    fp32. A compute dtype this device's autocast lacks (float16 on the CPU of torch 1.13)
+    fp32. A compute dtype this device's autocast lacks
     raises ``ValueError``.
 
     ``attention``: the attention kernel (``hotswitch.model.attention.KERNELS``); default the

@@ -1,9 +1,8 @@
 """Packed variable-length attention: every kernel against a per-sequence float64 reference,
 one kernel call per layer, the vectorised pack context, and bf16 compute under autocast.
 
-Kernels that need CUDA or PyTorch 2.x are tested where they run: the ``gpu`` tests skip
-cleanly without a CUDA device (``script/gpu-check`` runs them), the ``sdpa`` tests without
-``F.scaled_dot_product_attention``.
+Kernels that need CUDA are tested where they run: the ``gpu`` tests skip cleanly without a
+CUDA device (``script/gpu-check`` runs them).
 """
 
 import logging
@@ -13,7 +12,6 @@ import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tests.python.model import attention_workers as aw
 import hotswitch as hs
@@ -25,8 +23,6 @@ from hotswitch.model.transformer import PackContext
 from hotswitch.testing.harness import run_world
 
 CPU = torch.device("cpu")
-needs_sdpa = pytest.mark.skipif(not hasattr(F, "scaled_dot_product_attention"),
-                                reason="needs F.scaled_dot_product_attention (PyTorch >= 2.0)")
 # Awkward packs: lengths 1, primes, repeats, one long outlier; and a single sequence.
 PACKS = [[1, 7, 3, 7, 31, 2, 1], [97], [5, 1, 1, 2, 3, 89, 13, 1]]
 
@@ -74,7 +70,6 @@ def test_kernels_match_the_per_sequence_reference(kernel, lengths, unbounded):
     _check_kernel_matches(kernel, CPU, lengths)
 
 
-@needs_sdpa
 @pytest.mark.parametrize("lengths", PACKS, ids=lambda p: f"{len(p)}seqs")
 def test_sdpa_kernel_matches_the_per_sequence_reference(lengths, unbounded):
     _check_kernel_matches("sdpa", CPU, lengths)
@@ -144,7 +139,7 @@ def test_select_kernel_prefers_in_order_and_logs_once(monkeypatch):
     kernels = available_kernels(CPU, torch.float32, 16)
     assert kernels[-2:] == ["masked", "grouped"]
     assert "flash_attn" not in kernels and "flex" not in kernels  # CUDA only
-    assert kernels[0] == ("sdpa" if hasattr(F, "scaled_dot_product_attention") else "masked")
+    assert kernels[0] == "sdpa"
     monkeypatch.setattr(attention, "_chosen", {})
     records = []
     handler = logging.Handler()

@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import hotswitch as hs
 import hotswitch.model.attention as attention
@@ -159,7 +158,7 @@ def test_config_accepts_context_parallel_layouts():
 
 
 CPU = torch.device("cpu")
-CP_KERNELS = ["grouped", "masked"] + (["sdpa"] if hasattr(F, "scaled_dot_product_attention") else [])
+CP_KERNELS = ["grouped", "masked", "sdpa"]
 
 
 def _context_attention(kernel, cp, lengths, hq=6, hkv=2, d=16, device=CPU, dtype=torch.float32, seed=3):

@@ -19,5 +19,6 @@ def test_bf16_layouts_agree_with_world_one_to_bf16_rounding():
     # In fp32 the layouts agree to fp32 rounding: the bf16 spread is bf16's, not the layouts'.
     assert max_rel_diff(fp32, single["float32"]["dp1"], 0) <= 1e-5
     assert max_rel_diff(fp32, single["float32"]["dp1"], 1) <= 1e-4
-    # bf16 compute is really on: its losses are not the fp32 ones.
-    assert max_rel_diff({"dp1": single["bfloat16"]["dp1"]}, single["float32"]["dp1"], 0) > 1e-6
+    # bf16 compute is really on: its gradients are not the fp32 ones. (The gradient norm is the
+    # witness: the tiny model's first losses sit near log(vocabulary), whatever the rounding.)
+    assert max_rel_diff({"dp1": single["bfloat16"]["dp1"]}, single["float32"]["dp1"], 1) > 1e-5
