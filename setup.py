@@ -18,6 +18,7 @@ one the Python running this file imports.
 """
 
 import filecmp
+import hashlib
 import os
 import shutil
 import subprocess
@@ -40,16 +41,31 @@ def _cache_entry(cache: str, key: str) -> str:
     return ""
 
 
+def _same_python(configured: str) -> bool:
+    """Whether a build folder's Python3_EXECUTABLE is the Python running this file (a virtual
+    environment's python is a link to its base Python: compare the paths, not their targets)."""
+    return os.path.abspath(configured) == os.path.abspath(sys.executable)
+
+
 class CMakeBuild(build_ext):
     """Builds each extension as the CMake target of its last name part (hotswitch._C -> _C)."""
 
     def build_extension(self, ext):
-        build_dir = os.path.abspath(os.environ.get("HOTSWITCH_BUILD_DIR", os.path.join(ROOT, "build", "cmake")))
+        build_dir = os.environ.get("HOTSWITCH_BUILD_DIR")
+        if build_dir is None:
+            # script/build's folder when it was configured for this Python; otherwise one of
+            # this Python's own (pip's isolated build environment is another Python each time).
+            build_dir = os.path.join(ROOT, "build", "cmake")
+            cache = os.path.join(build_dir, "CMakeCache.txt")
+            if not os.path.exists(cache) or not _same_python(_cache_entry(cache, "Python3_EXECUTABLE")):
+                tag = hashlib.sha1(os.path.abspath(sys.executable).encode()).hexdigest()[:10]
+                build_dir = os.path.join(ROOT, "build", f"pip-{tag}")
+        build_dir = os.path.abspath(build_dir)
         target = ext.name.rpartition(".")[2]
         cache = os.path.join(build_dir, "CMakeCache.txt")
         if os.path.exists(cache):
             configured = _cache_entry(cache, "Python3_EXECUTABLE")
-            if os.path.realpath(configured) != os.path.realpath(sys.executable):
+            if not _same_python(configured):
                 raise RuntimeError(f"{build_dir} is configured for Python {configured!r}, not {sys.executable!r}; "
                                    "set HOTSWITCH_BUILD_DIR to another folder or remove it")
         else:
