@@ -13,45 +13,12 @@
 namespace hotswitch {
 namespace {
 
+using testing::llama7b;
 using testing::simulate;
 using testing::transformerSet;
 
 const PlacementKind kFromKinds[] = {PlacementKind::kSharded, PlacementKind::kZero, PlacementKind::kPartial};
 const PlacementKind kToKinds[] = {PlacementKind::kSharded, PlacementKind::kZero};
-
-// LLaMA-7B as hotswitch.llama_tensor_set() builds it: 32 layers, hidden 4096, FFN 11008,
-// 32 heads without grouping, vocabulary 32000, untied, bf16.
-TensorSet llama7b() {
-  const int64_t h = 4096, ffn = 11008, vocab = 32000;
-  TensorSet set;
-  set.numLayers = 32;
-  auto add = [&](std::string name, Shape shape, ShardRule rule, StageRole stage, int layer,
-                 std::vector<int64_t> groups = {}) {
-    ParamSpec s;
-    s.name = std::move(name);
-    s.shape = std::move(shape);
-    s.dtype = DType::kBFloat16;
-    s.rule = rule;
-    s.stage = stage;
-    s.layer = layer;
-    s.groups = std::move(groups);
-    set.specs.push_back(s);
-  };
-  add("embedding.weight", {vocab, h}, ShardRule::kVocab, StageRole::kFirst, 0);
-  for (int l = 0; l < set.numLayers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    add(p + "input_norm.weight", {h}, ShardRule::kReplicated, StageRole::kLayer, l);
-    add(p + "qkv.weight", {3 * h, h}, ShardRule::kFusedColumn, StageRole::kLayer, l, {h, h, h});
-    add(p + "proj.weight", {h, h}, ShardRule::kRow, StageRole::kLayer, l);
-    add(p + "post_norm.weight", {h}, ShardRule::kReplicated, StageRole::kLayer, l);
-    add(p + "gate_up.weight", {2 * ffn, h}, ShardRule::kFusedColumn, StageRole::kLayer, l, {ffn, ffn});
-    add(p + "down.weight", {h, ffn}, ShardRule::kRow, StageRole::kLayer, l);
-  }
-  add("final_norm.weight", {h}, ShardRule::kReplicated, StageRole::kLast, 0);
-  add("head.weight", {vocab, h}, ShardRule::kVocab, StageRole::kLast, 0);
-  set.validate();
-  return set;
-}
 
 int64_t totalBytes(const TensorSet& set) {
   int64_t bytes = 0;

@@ -55,6 +55,33 @@ inline TensorSet transformerSet(int numLayers, int64_t unit, bool tied = false,
   return set;
 }
 
+// LLaMA-7B as hotswitch.llama_tensor_set() builds it: 32 layers, hidden 4096, FFN 11008, 32
+// heads without grouping, vocabulary 32000, untied, bf16.
+inline TensorSet llama7b() {
+  const int64_t h = 4096, ffn = 11008, vocab = 32000;
+  TensorSet set;
+  set.numLayers = 32;
+  auto add = [&](std::string name, Shape shape, ShardRule rule, StageRole stage, int layer,
+                 std::vector<int64_t> groups = {}) {
+    set.specs.push_back(ParamSpec{std::move(name), std::move(shape), DType::kBFloat16, rule,
+                                  std::move(groups), stage, layer});
+  };
+  add("embedding.weight", {vocab, h}, ShardRule::kVocab, StageRole::kFirst, 0);
+  for (int l = 0; l < set.numLayers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "input_norm.weight", {h}, ShardRule::kReplicated, StageRole::kLayer, l);
+    add(p + "qkv.weight", {3 * h, h}, ShardRule::kFusedColumn, StageRole::kLayer, l, {h, h, h});
+    add(p + "proj.weight", {h, h}, ShardRule::kRow, StageRole::kLayer, l);
+    add(p + "post_norm.weight", {h}, ShardRule::kReplicated, StageRole::kLayer, l);
+    add(p + "gate_up.weight", {2 * ffn, h}, ShardRule::kFusedColumn, StageRole::kLayer, l, {ffn, ffn});
+    add(p + "down.weight", {h, ffn}, ShardRule::kRow, StageRole::kLayer, l);
+  }
+  add("final_norm.weight", {h}, ShardRule::kReplicated, StageRole::kLast, 0);
+  add("head.weight", {vocab, h}, ShardRule::kVocab, StageRole::kLast, 0);
+  set.validate();
+  return set;
+}
+
 // The value element `x` of tensor `t` holds in summand k (k = -1: not partial).
 inline double probeValue(int t, const Box& full, const Shape& x, int k) {
   int64_t flat = 0;
