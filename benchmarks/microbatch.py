@@ -11,6 +11,13 @@ what is outside the layers. Fitted: ``layer seconds = overhead + a * T + b * T^2
 - CUDA: LLaMA-7B-shaped layers (hidden 4096, 32 heads, FFN 11008, vocabulary 32000) with
   fp32 master weights and bf16 compute under autocast, 1 and 3 layers.
 
+The CPU's proxies of the launch overhead, measured on every run whatever the device:
+``kernels_per_layer`` — ATen operators other than views that one layer dispatches per
+micro-batch, forward and backward (each at least one kernel launch on a GPU), at tp1 and tp2
+(2 gloo ranks), on a 16-token micro-batch of the CPU model under bf16 autocast, as the GPU
+runs (``hotswitch.calibration.overhead.count_layer_ops``); and ``host_layer_s_16`` — the
+seconds per layer of a 16-token micro-batch on the CPU (only when timing on the CPU).
+
 ``micro_batch_s`` is per token count the time of a micro-batch through the model with the
 larger layer count; ``layer_micro_batch_s`` the time per layer of a micro-batch. With
 ``--write-profile OUT.json`` the fitted overhead replaces ``layer_overhead_seconds`` of
@@ -28,7 +35,7 @@ import sys
 import torch
 
 import hotswitch as hs
-from hotswitch.calibration.overhead import measure_micro_batch, with_layer_overhead
+from hotswitch.calibration.overhead import count_layer_ops, measure_micro_batch, with_layer_overhead
 from hotswitch.hardware import load_hardware, preset_for_device, save_profile
 from benchmarks import rounded
 
@@ -84,6 +91,15 @@ def main(argv=None):
               + f"{costs.layer_seconds[i] * 1e3:>14.3f}{fit * 1e3:>10.3f}")
     print(f"fit: layer_overhead_seconds {costs.layer_overhead_seconds:.4g}, per token {costs.per_token_seconds:.4g} s, "
           f"per score {costs.per_score_seconds:.4g} s; largest relative error {costs.fit_error_max:.1%}")
+    count_config = hs.TransformerConfig(num_layers=max(LAYERS), max_position_embeddings=max(CPU_TOKENS), **CPU_MODEL,
+                                        compute_dtype="bfloat16")
+    kernels = {}
+    for tp in (1, 2):
+        ops = count_layer_ops(count_config, tp=tp, tokens=16, layer_counts=LAYERS)
+        kernels[f"tp{tp}"] = ops["kernels"]
+        top = ", ".join(f"{k} {v:g}" for k, v in list(ops.items())[2:8])
+        print(f"tp{tp}: {ops['kernels']:g} kernels and {ops['views']:g} views per layer and micro-batch "
+              f"(16 tokens, bf16 autocast, CPU model), most: {top}")
     result = {
         "device": costs.device,
         "device_name": costs.device_name,
@@ -94,8 +110,11 @@ def main(argv=None):
         "layer_micro_batch_s": {str(t): s for t, s in zip(costs.token_counts, costs.layer_seconds)},
         "layer_overhead_seconds": costs.layer_overhead_seconds,
         "fit_error_max": costs.fit_error_max,
+        "kernels_per_layer": kernels,
         "seconds": costs.seconds,
     }
+    if costs.device == "cpu" and 16 in costs.token_counts:
+        result["host_layer_s_16"] = costs.layer_seconds[costs.token_counts.index(16)]
     if base is not None:
         profile = with_layer_overhead(base, costs, name=f"{base.name}+measured-overhead")
         save_profile(profile, args.write_profile)

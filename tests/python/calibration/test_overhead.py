@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import hotswitch as hs
-from hotswitch.calibration.overhead import (MicroBatchCosts, fit_layer_seconds, measure_micro_batch,
+from hotswitch.calibration.overhead import (MicroBatchCosts, count_layer_ops, fit_layer_seconds, measure_micro_batch,
                                             with_layer_overhead)
 from hotswitch.hardware import preset_for_device
 
@@ -86,3 +86,20 @@ def test_preset_for_device():
     assert preset_for_device("NVIDIA H200") == "h200"
     assert preset_for_device("NVIDIA A100-SXM4-80GB") == "a100"
     assert preset_for_device("NVIDIA GeForce RTX 4090") is None
+
+
+def test_counts_the_operators_of_one_layer_forward_and_backward():
+    cfg = hs.TransformerConfig(num_layers=3, max_position_embeddings=32, hidden_size=32, num_attention_heads=4,
+                               num_query_groups=2, ffn_hidden_size=64, vocab_size=64)
+    tp1 = count_layer_ops(cfg, tp=1, tokens=16)
+    # Four matrix products a layer (qkv, proj, gate_up, down), each with two in backward.
+    assert tp1["aten.mm"] == 12
+    assert tp1["kernels"] == sum(v for k, v in tp1.items() if k.startswith("aten."))
+    assert tp1["views"] == sum(v for k, v in tp1.items() if k.startswith("view:"))
+    # Tensor parallelism adds its collectives' copies, never removes a product.
+    tp2 = count_layer_ops(cfg, tp=2, tokens=16)
+    assert tp2["aten.mm"] == 12 and tp2["kernels"] > tp1["kernels"]
+    with pytest.raises(ValueError, match="layer_counts must hold two distinct values"):
+        count_layer_ops(cfg, layer_counts=(2, 2))
+    with pytest.raises(ValueError, match="tokens"):
+        count_layer_ops(cfg, tokens=33)
