@@ -657,6 +657,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("program_seconds", &StepPlan::programSeconds)
       .def_readonly("candidates_used", &StepPlan::candidatesUsed)
       .def_readonly("single_phase_fallback", &StepPlan::singlePhaseFallback)
+      .def_readonly("program_plan_seconds", &StepPlan::programPlanSeconds)
+      .def_readonly("one_phase_seconds", &StepPlan::onePhaseSeconds)
       .def_readonly("best_static_candidate", &StepPlan::bestStaticCandidate)
       .def_property_readonly("best_static_recompute", [](const StepPlan& p) {
         return std::string(recomputeName(p.bestStaticRecompute));
@@ -706,7 +708,7 @@ PYBIND11_MODULE(_C, m) {
                        std::optional<std::vector<double>> gradPartialSeconds, int boundaryCandidates,
                        int64_t maxContext, const std::string& longSequences, bool pruneDominated,
                        double microBatchOverheadShare, bool exactFallback, int64_t maxTokensPerMicroBatch,
-                       const std::vector<std::string>& recompute) {
+                       double minGain, const std::vector<std::string>& recompute) {
              PlannerOptions o;
              o.recompute.clear();
              for (const std::string& mode : recompute) o.recompute.push_back(parseRecompute(mode));
@@ -717,6 +719,7 @@ PYBIND11_MODULE(_C, m) {
              o.pruneDominated = pruneDominated;
              o.microBatchOverheadShare = microBatchOverheadShare;
              o.exactFallback = exactFallback;
+             o.minGain = minGain;
              SwitchCosts sw{std::move(switchSeconds), std::move(gradSeconds),
                             gradPartialSeconds.value_or(std::vector<double>{})};
              py::gil_scoped_release release;
@@ -726,10 +729,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("grad_seconds"), py::arg("grad_partial_seconds") = py::none(),
            py::arg("boundary_candidates") = 128, py::arg("max_context") = 0, py::arg("long_sequences") = "reject",
            py::arg("prune_dominated") = true, py::arg("micro_batch_overhead_share") = 0.1,
-           py::arg("exact_fallback") = true, py::arg("max_tokens_per_micro_batch") = 0,
+           py::arg("exact_fallback") = true, py::arg("max_tokens_per_micro_batch") = 0, py::arg("min_gain") = 0.01,
            py::arg("recompute") = std::vector<std::string>{"none"},
            "recompute: the modes ('none', 'selective', 'full') the planner may give each phase, every candidate "
-           "weighed with each; the first is what candidate_model and objective assume by default.")
+           "weighed with each; the first is what candidate_model and objective assume by default. min_gain: the "
+           "fraction by which the program's plan must be predicted faster than one phase under home or the best "
+           "static layout to be kept (0.01: 1%).")
       .def_property_readonly("candidates", &Planner::candidates)
       .def_property_readonly("home", &Planner::home)
       .def_property_readonly("cost", &Planner::costModel)

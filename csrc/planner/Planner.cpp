@@ -82,6 +82,8 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
       options_(options) {
   const int n = static_cast<int>(candidates_.size());
   HS_CHECK(n >= 1, "the planner needs at least one candidate layout");
+  HS_CHECK(std::isfinite(options_.minGain) && options_.minGain >= 0, "min_gain must be a fraction >= 0, got ",
+           options_.minGain);
   HS_CHECK(home >= 0 && home < n, "home layout index ", home, " outside [0, ", n, ")");
   auto checkCost = [](double s, const char* what) {
     HS_CHECK(std::isfinite(s) && s >= 0, what, " entries must be finite and >= 0, got ", s);
@@ -672,20 +674,27 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
     }
   }
 
-  // The estimate chose the phases; the exact packing may still favour the whole step in one
-  // phase under the home layout or the best static layout.
+  // The estimate chose the phases; the exact packing decides whether they beat the whole
+  // step in one phase under the home layout or the best static layout by minGain.
+  out.programPlanSeconds = out.totalSeconds;
+  int alternative = -1;
   for (int l : {home_, bestStatic}) {
     if (!options_.exactFallback || l < 0 || models_[l].budget < longest) continue;
     if (out.phases.size() == 1 && out.phases[0].candidate == layoutOf(l) &&
         out.phases[0].recompute == models_[l].recompute) {
-      continue;
+      continue;  // the program's plan is this one phase already
     }
     const PlannedPhase& single = wholeStep(l);
     const double total = sw[home_][l] + single.cost.runSeconds() + single.gradSeconds + sw[l][home_];
-    if (total < out.totalSeconds) {
-      assemble({single}, l == home_ ? 0.0 : sw[home_][l] + sw[l][home_]);
-      out.singlePhaseFallback = true;
+    if (alternative < 0 || total < out.onePhaseSeconds) {
+      alternative = l;
+      out.onePhaseSeconds = total;
     }
+  }
+  if (alternative >= 0 && out.programPlanSeconds * (1 + options_.minGain) > out.onePhaseSeconds) {
+    assemble({wholeStep(alternative)},
+             alternative == home_ ? 0.0 : sw[home_][alternative] + sw[alternative][home_]);
+    out.singlePhaseFallback = true;
   }
   HS_LOG_DEBUG("planner", n, " pieces, ", K, " cuts, ", layouts.size(), " of ", L, " layouts: ",
                out.phases.size(), " phases, predicted ", out.totalSeconds, " s (objective ", out.objectiveSeconds,

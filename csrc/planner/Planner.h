@@ -58,9 +58,12 @@
 // once, and the length order is one of the orders C minimises over), so J(plan) <= J_DP.
 // Every phase is then packed exactly (Packer) and timed by the cost model (CostModel::phase).
 // Last, by those exact times, the plan is compared with running the whole step as one phase
-// under the home layout or under the best static layout, and the faster is returned
-// (singlePhaseFallback; off with exactFallback = false): the estimate decides the buckets,
-// never at a predicted loss against the layouts a user would otherwise run.
+// under the home layout or under the best static layout (switched into from home and back),
+// and the program's plan is kept only when it is predicted faster than the better of the two
+// by at least `minGain` (singlePhaseFallback otherwise; off with exactFallback = false): the
+// estimate decides the buckets, never at a predicted loss, or a gain within the model's error,
+// against the layouts a user would otherwise run. StepPlan::programPlanSeconds and
+// onePhaseSeconds give both sides of that choice.
 //
 // Recomputation. Each candidate layout is weighed once per recompute mode the options allow
 // (`recompute`, Megatron-LM's granularities): a variant (layout, recompute) is a candidate of
@@ -102,6 +105,10 @@ struct PlannerOptions {
   double microBatchOverheadShare = 0.1;
   bool pruneDominated = true;
   bool exactFallback = true;  // compare with one phase under home / best static, exactly
+  // With exactFallback: the program's plan is kept only when it is predicted at least this
+  // fraction faster than the best one-phase alternative (0.01: 1%); otherwise the step runs
+  // as that one phase. >= 0.
+  double minGain = 0.01;
   // Tokens one micro-batch may hold at most, whatever memory allows (Megatron's
   // micro-batch size times the sequence length); 0: memory alone decides.
   int64_t maxTokensPerMicroBatch = 0;

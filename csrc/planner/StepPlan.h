@@ -78,6 +78,11 @@ struct StepPlan {
   double programSeconds = 0;    // J_DP of the dynamic program's optimum (>= objectiveSeconds)
   int candidatesUsed = 0;       // (layout, recompute) candidates left after dropping dominated ones
   bool singlePhaseFallback = false;  // one phase under home or best static beat the program's plan
+  // The choice between the program's plan and one phase (Planner.h): the program's plan's
+  // total (exact packing, switches included) and the best one-phase alternative's, under home
+  // or the best static layout with the switches into it and back; 0 where not compared.
+  double programPlanSeconds = 0;
+  double onePhaseSeconds = 0;
   // The single layout that holds the longest piece and is fastest over the whole batch, run
   // as its own home (no switches; its own gradient reduction): what a Megatron-LM user runs.
   int bestStaticCandidate = -1;

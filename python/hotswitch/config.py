@@ -104,6 +104,12 @@ class RuntimeConfig:
     hold their sequences faster or at all with it. The cost model prices each choice; the
     gradients are the same."""
 
+    min_gain: float = 0.01
+    """A planned step switches layouts only when the planner predicts it at least this fraction
+    faster than the same step run as one phase under the home layout (or the best static
+    layout); otherwise it runs as that one phase. 0.01: 1%, the size of the cost model's
+    error on runs it never saw."""
+
     recompute_num_layers: int = 1
     """Under full recomputation, the layers of one recomputed chunk: each chunk keeps its input
     only (Megatron-LM's ``--recompute-method uniform --recompute-num-layers``)."""
@@ -117,6 +123,9 @@ class RuntimeConfig:
         check_int("max_cp", self.max_cp, 1)
         check_choice("recompute", self.recompute, RECOMPUTE_CHOICES)
         check_int("recompute_num_layers", self.recompute_num_layers, 1)
+        if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not (
+                math.isfinite(self.min_gain) and self.min_gain >= 0):
+            raise ValueError(f"min_gain must be a fraction >= 0 (0.01: 1%), got {self.min_gain!r}")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         for name in ("max_context", "max_tokens_per_micro_batch", "memory_budget_bytes"):

@@ -19,10 +19,26 @@ __all__ = [
     "build_planner",
     "check_candidates",
     "free_planner",
+    "plan_choice",
     "redistribution_seconds",
     "switch_costs",
     "tensor_switch_costs",
 ]
+
+def plan_choice(plan: "_C.StepPlan", names: List[str], min_gain: float) -> str:
+    """One line saying why ``plan`` (a ``StepPlan``) runs what it runs: the planned phases, or
+    one phase because the phases were not ``min_gain`` faster than it (predicted seconds of
+    both sides). ``names``: the candidates' layout names, by index."""
+    program, one = plan.program_plan_seconds, plan.one_phase_seconds
+    if plan.single_phase_fallback:
+        phase = plan.phases[0]
+        return (f"one phase under {names[phase.candidate]} ({one:.3f} s): the planned phases ({program:.3f} s) "
+                f"were {one / program - 1:+.1%} faster, not the {min_gain:.1%} that switching must gain")
+    if one > 0:
+        return (f"planned phases ({program:.3f} s): {one / program - 1:.1%} faster than one phase ({one:.3f} s), "
+                f"above the {min_gain:.1%} margin")
+    return f"planned phases ({program:.3f} s): no single layout holds the step or it is one phase already"
+
 
 # Worlds up to this size get switch costs from real redistribution plans by default.
 PLANS_UP_TO_WORLD = 64

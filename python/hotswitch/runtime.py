@@ -38,7 +38,7 @@ from hotswitch.model.config import TransformerConfig
 from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.groups import ParallelGroups, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
-from hotswitch.planner import check_candidates, tensor_switch_costs
+from hotswitch.planner import check_candidates, plan_choice, tensor_switch_costs
 from hotswitch.precision import GradScaler
 from hotswitch.config import RuntimeConfig
 from hotswitch.hooks import Hooks
@@ -266,7 +266,7 @@ class Runtime:
         return Planner(cost or self.cost, self.candidates, home, params, reduced, partial,
                           max_context=self.max_context,
                           max_tokens_per_micro_batch=self.max_tokens_per_micro_batch or 0,
-                          recompute=self.recompute_modes)
+                          recompute=self.recompute_modes, min_gain=self.min_gain)
 
     # ----------------------------------------------------------------------------- step
 
@@ -502,9 +502,9 @@ class Runtime:
         self.skipped += int(skipped)
         self._observe(plan, lengths, times.tolist())
         self._optimizer_s = optimizer_s
-        _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%)",
+        _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%); %s",
                   self.step, len(lengths), sum(lengths), [p.layout for p in phases], predicted, measured,
-                  100 * error)
+                  100 * error, plan_choice(plan, [c.name for c in self.candidates], self.min_gain))
         return StepResult(
             step=self.step, loss=loss, skipped=skipped, tokens=sum(lengths), targets=targets,
             seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
@@ -520,6 +520,7 @@ class Runtime:
     timeout = property(lambda self: float(self.settings.timeout))
     recalibrate = property(lambda self: self.settings.recalibrate)
     nonfinite = property(lambda self: self.settings.nonfinite)
+    min_gain = property(lambda self: float(self.settings.min_gain))
 
     @property
     def updates(self) -> int:

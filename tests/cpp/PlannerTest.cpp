@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <limits>
 #include <random>
@@ -310,6 +312,48 @@ TEST(PlannerTest, RejectsWhatNoLayoutHolds) {
   EXPECT_THROW(planner.plan({5, 0}), InvalidArgument);
   EXPECT_THROW(Planner(s.cost, s.layouts, 9, {}), InvalidArgument);
   EXPECT_THROW(Planner(s.cost, {Layout(2, 2, 1)}, 0, SwitchCosts{{{0}}, {0}, {}}), InvalidArgument);  // world 4 != 8
+}
+
+// The program's plan is kept only when it beats one phase under home or the best static
+// layout by minGain: measured with no margin, then with the margin just above and just below
+// the gain the step offers.
+TEST(PlannerTest, KeepsTheProgramsPlanOnlyWhenItWinsByTheMargin) {
+  Fixture s;
+  const size_t n = s.layouts.size();
+  std::vector<std::vector<double>> sw(n, std::vector<double>(n, 0.05));
+  for (size_t i = 0; i < n; ++i) sw[i][i] = 0;
+  std::vector<double> grad(n, 0.025);
+  grad[s.home] = 0;
+  std::vector<int64_t> lengths = longTailed(128, 3);
+  lengths.push_back(31991);  // only high tp holds it: the home dp8 alone cannot run the step
+  auto planWith = [&](double minGain) {
+    PlannerOptions options;
+    options.minGain = minGain;
+    return Planner(s.cost, s.layouts, s.home, SwitchCosts{sw, grad, {}}, options).plan(lengths);
+  };
+  const StepPlan free = planWith(0);
+  ASSERT_FALSE(free.singlePhaseFallback);
+  ASSERT_GT(free.phases.size(), 1u);
+  ASSERT_GT(free.onePhaseSeconds, 0);
+  EXPECT_DOUBLE_EQ(free.programPlanSeconds, free.totalSeconds);
+  const double gain = free.onePhaseSeconds / free.programPlanSeconds - 1;
+  ASSERT_GT(gain, 0.0);
+
+  const StepPlan kept = planWith(gain * 0.9);
+  EXPECT_FALSE(kept.singlePhaseFallback);
+  EXPECT_DOUBLE_EQ(kept.totalSeconds, free.totalSeconds);
+
+  const StepPlan one = planWith(gain * 1.1);
+  EXPECT_TRUE(one.singlePhaseFallback);
+  ASSERT_EQ(one.phases.size(), 1u);
+  EXPECT_DOUBLE_EQ(one.totalSeconds, free.onePhaseSeconds);
+  EXPECT_DOUBLE_EQ(one.programPlanSeconds, free.programPlanSeconds);
+
+  for (double bad : {-0.01, std::nan("")}) {
+    PlannerOptions options;
+    options.minGain = bad;
+    EXPECT_THROW(Planner(s.cost, s.layouts, s.home, SwitchCosts{sw, grad, {}}, options), InvalidArgument);
+  }
 }
 
 // Found by the planner fuzzer: with memory for billions of tokens, the squared lengths of

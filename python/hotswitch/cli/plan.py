@@ -21,12 +21,12 @@ from hotswitch import _C
 from hotswitch.analysis.simulate import simulate, switch_share
 from hotswitch.data import load_lengths
 from hotswitch.hardware import load_hardware
-from hotswitch.planner import PLANS_UP_TO_WORLD, build_planner, check_candidates, free_planner
+from hotswitch.planner import PLANS_UP_TO_WORLD, build_planner, check_candidates, free_planner, plan_choice
 
 __all__ = ["main"]
 
 
-def _table(plan, planner) -> str:
+def _table(plan, planner, min_gain: float) -> str:
     pieces = plan.pieces
     rows = [f"{'phase':<6}{'layout':<12}{'recompute':<10}{'seqs':>6}{'lengths':>14}{'micro-b':>9}{'pred s':>9}"
             f"{'est s':>9}{'peak GiB':>9}{'switch in':>10}{'grad s':>9}  grad method"]
@@ -44,7 +44,9 @@ def _table(plan, planner) -> str:
                 f"{switch_share(plan, planner):.3f} s of the step")
     rows.append(f"predicted step {plan.total_seconds:.3f} s (objective {plan.objective_seconds:.3f} s); "
                 f"best static {static}: {plan.best_static_seconds:.3f} s; "
-                f"speedup {plan.best_static_seconds / plan.total_seconds:.2f}x")
+                f"speedup over the best static layout packed per sequence "
+                f"{plan.best_static_seconds / plan.total_seconds:.2f}x")
+    rows.append("chosen: " + plan_choice(plan, [c.name for c in planner.candidates], min_gain))
     return "\n".join(rows)
 
 
@@ -75,6 +77,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="simulate this many steps")
     parser.add_argument("--plot", default=None, help="draw the step's lengths and phases to this PNG file")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--min-gain", type=float, default=0.01,
+                        help="switch only when the planned phases are predicted at least this fraction faster than "
+                             "one phase under the home or best static layout (default 0.01: 1%%)")
     args = parser.parse_args(argv)
     try:
         for name in ("gpus", "gpus_per_node", "global_batch", "max_context"):
@@ -110,7 +115,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         parser.error(str(e))
 
-    options = dict(max_context=args.max_context, long_sequences=args.long_sequences, recompute=modes)
+    if not args.min_gain >= 0:
+        parser.error(f"--min-gain must be a fraction >= 0 (0.01: 1%), got {args.min_gain}")
+    options = dict(max_context=args.max_context, long_sequences=args.long_sequences, recompute=modes,
+                   min_gain=args.min_gain)
     t0 = time.perf_counter()
     rng = random.Random(args.seed)
     batch = rng.sample(lengths, args.global_batch) if len(lengths) >= args.global_batch else \
@@ -133,7 +141,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         parser.error(str(e))
     elapsed = time.perf_counter() - t0
-    print(_table(plan, planner))
+    print(_table(plan, planner, args.min_gain))
     print(f"planned in {elapsed * 1e3:.1f} ms ({plan.candidates_used} of {len(candidates) * len(modes)} "
           f"(layout, recompute) candidates after dropping dominated ones)")
     if args.plot:

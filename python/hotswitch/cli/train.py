@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the fixed cost per layer and micro-batch the plans count: measured on rank 0's device "
                           "before training (measure), or --hardware's (profile); auto measures when hot-switching "
                           "with a preset and re-calibration on, since presets hold another system's overheads")
+    par.add_argument("--min-gain", type=float, default=0.01,
+                     help="switch layouts within a step only when the plan is predicted at least this fraction "
+                          "faster than the step in one phase under the home or best static layout (0.01: 1%%)")
     par.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled peer raises")
     par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                      help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
@@ -286,7 +289,8 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         max_tokens_per_micro_batch=None if args.micro_batch_size is None else args.micro_batch_size * args.seq_length,
         zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate,
         clip_grad=args.clip_grad or None, loss_scaling=loss_scaling(args),
-        recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1)
+        recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
+        min_gain=args.min_gain)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

@@ -28,7 +28,8 @@ _PHASE = re.compile(r"^(\d+)\s+(\S+)\s+(none|selective|full)\s+(\d+)\s+(\d+)-(\d
 _ORDER = re.compile(r"^order (.+) \(home (\S+)\); switch back " + _NUM + r" s; switching " + _NUM
                     + r" s of the step$")
 _STEP = re.compile(r"^predicted step " + _NUM + r" s \(objective " + _NUM + r" s\); best static (\S+): "
-                   + _NUM + r" s; speedup " + _NUM + r"x$")
+                   + _NUM + r" s; speedup over the best static layout packed per sequence " + _NUM + r"x$")
+_CHOSEN = re.compile(r"^chosen: (planned phases|one phase under \S+) \(" + _NUM + r" s\)")
 _SIM = re.compile(r"^simulated 2 steps: tokens/s hot switching ([\d,]+), best static ([\d,]+), free switches "
                   r"([\d,]+); speedup " + _NUM + r"x \(upper bound " + _NUM + r"x\); switching " + _NUM
                   + r"% of the time; median plan " + _NUM + r" ms$")
@@ -42,8 +43,9 @@ def _match(pattern, lines):
 
 def test_plans_one_step_and_simulates(lengths_file, capsys):
     # The batch is the whole file (128 lengths): short ones on dp8, the long ones need tp.
+    # No margin: the program's phases run whenever they are predicted faster at all (here by 0.2%).
     assert cli.main(["--gpus", "8", "--lengths", lengths_file, "--global-batch", "128", "--home", "dp8",
-                     "--candidates", "dp8,dp2tp4,tp8", "--steps", "2", "--recompute", "none"]) == 0
+                     "--candidates", "dp8,dp2tp4,tp8", "--steps", "2", "--recompute", "none", "--min-gain", "0"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["phase", "layout", "recompute", "seqs", "lengths", "micro-b", "pred", "s", "est", "s", "peak",
                                 "GiB", "switch", "in", "grad", "s", "grad", "method"]
@@ -53,6 +55,7 @@ def test_plans_one_step_and_simulates(lengths_file, capsys):
     order = _match(_ORDER, lines)
     step = _match(_STEP, lines)
     sim = _match(_SIM, lines)
+    assert _match(_CHOSEN, lines).group(1) == "planned phases"
     candidates = {"dp8", "dp2tp4", "tp8"}
     # The phases hold the whole batch once, each under a candidate, in the order line's order,
     # as buckets of lengths that do not overlap.
@@ -247,3 +250,22 @@ def test_context_parallel_size_adds_cp_layouts_that_take_the_longest_documents(t
     with pytest.raises(SystemExit):
         cli.main(argv + ["--context-parallel-size", "2", "--candidates", "dp8,tp8"])
     assert "name the cp layouts there" in capsys.readouterr().err
+
+
+def test_min_gain_keeps_the_step_in_one_phase_unless_switching_wins_by_it(lengths_file, capsys):
+    args = ["--gpus", "8", "--lengths", lengths_file, "--global-batch", "128", "--home", "dp8",
+            "--candidates", "dp8,dp2tp4,tp8", "--recompute", "none"]
+    assert cli.main(args + ["--min-gain", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    planned = _match(_CHOSEN, lines)
+    assert planned.group(1) == "planned phases", lines
+    # A margin no plan can beat: the step runs as one phase, and the line gives both sides.
+    assert cli.main(args + ["--min-gain", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    one = _match(_CHOSEN, lines)
+    assert one.group(1).startswith("one phase under ") and "not the 10000.0% that switching must gain" in one.string
+    assert len([m for m in map(_PHASE.match, lines) if m]) == 1
+    with pytest.raises(SystemExit) as info:
+        cli.main(args + ["--min-gain", "-0.5"])
+    assert info.value.code == 2
+    assert "--min-gain must be a fraction >= 0 (0.01: 1%), got -0.5" in capsys.readouterr().err

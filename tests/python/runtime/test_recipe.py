@@ -74,6 +74,20 @@ def test_clip_grad_must_be_a_positive_number(bad):
         hs.RuntimeConfig(clip_grad=bad)
 
 
+@pytest.mark.parametrize("bad", [-0.01, float("nan"), float("inf"), True, "0.01"])
+def test_min_gain_must_be_a_fraction_of_at_least_zero(bad):
+    with pytest.raises(ValueError, match=f"min_gain must be a fraction >= 0 \\(0.01: 1%\\), got {bad!r}"):
+        hs.RuntimeConfig(min_gain=bad)
+    assert hs.RuntimeConfig(min_gain=0).min_gain == 0 and hs.RuntimeConfig().min_gain == 0.01
+
+
+def test_the_planner_refuses_a_negative_min_gain():
+    model = hs.ModelConfig.preset("llama-7b")
+    cost = hs.CostModel(model, hs.HardwareProfile.preset("a800"), hs.Topology(8, 8))
+    with pytest.raises(ValueError, match="min_gain must be a fraction >= 0, got -0.5"):
+        hs.Planner(cost, [hs.Layout.parse("dp8")], 0, [[0.0]], [0.0], min_gain=-0.5)
+
+
 def test_megatron_learning_rate_schedules():
     warm = LearningRateSchedule(1.0, style="cosine", min_lr=0.1, warmup_iters=4, decay_iters=14)
     assert [warm.lr_at(n) for n in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
