@@ -23,7 +23,8 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
   each step (a per-step choice, run as its own home: stronger than any layout fixed for the
   run), over the home layout fixed for the run (the best static layout for a batch that must
   hold the max context, as ``python -m hotswitch.cli.plan`` picks it), and the share of the step spent
-  switching.
+  switching; ``sim_speedup_vs_static_min``: the smallest speedup over the per-step best
+  static layout among these cases.
 - Context parallelism: LLaMA-7B at a 128K context (longer documents truncated), every layout
   with cp up to 8 (a node) and every recompute mode among the candidates, against the same
   without cp layouts (``sim_speedup_cp_vs_no_cp``), and against the home layout fixed for the
@@ -334,6 +335,7 @@ def main(argv=None) -> int:
                   f"{share[name][str(gpus)]:>11.1%}  " + " ".join(f"{l}:{c}" for l, c in used[:6]))
     out["sim_steps"] = sim_steps
     out["sim_speedup_vs_static"] = speedup
+    out["sim_speedup_vs_static_min"] = min(v for per_gpus in speedup.values() for v in per_gpus.values())
     out["sim_switch_share"] = share
     out["sim_speedup_vs_home"] = vs_home
     out.update(context_parallel(dists, hardware, CP_STEPS_QUICK if args.quick else CP_STEPS, args.seed,
