@@ -36,9 +36,8 @@ def main(path: str) -> int:
     needed = [line for line in lines(readelf, "-d", path) if "(NEEDED)" in line]
     if not any("libstdc++.so" in line for line in needed):
         errors.append("it does not load libstdc++.so: the compiler linked libstdc++ statically")
-    own = [line.split(None, 2)[2] for line in lines(nm, "-C", "--defined-only", path)
-           if len(line.split(None, 2)) == 3 and line.split(None, 2)[1] in "TtWwDdBbRrVvu"
-           and LIBSTDCXX_OWN.match(line.split(None, 2)[2])]
+    symbols = [line.split(None, 2) for line in lines(nm, "-C", "--defined-only", path)]
+    own = [s[2] for s in symbols if len(s) == 3 and s[1] in "TtWwDdBbRrVvu" and LIBSTDCXX_OWN.match(s[2])]
     if own:
         errors.append(f"it carries {len(own)} of libstdc++'s own symbols (a static libstdc++), e.g. {own[0]}")
     if errors:

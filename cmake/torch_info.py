@@ -5,12 +5,10 @@ import os
 import sysconfig
 
 import torch
-import torch.utils
 
 root = os.path.dirname(os.path.abspath(torch.__file__))
 print(f"version={torch.__version__}")
 print(f"cuda={torch.version.cuda or ''}")
-print(f"cmake_prefix_path={torch.utils.cmake_prefix_path}")
 print(f"include_dir={os.path.join(root, 'include')}")
 print(f"api_include_dir={os.path.join(root, 'include', 'torch', 'csrc', 'api', 'include')}")
 print(f"lib_dir={os.path.join(root, 'lib')}")

@@ -19,6 +19,7 @@ The master weights and the optimizer state change only in step 3, so an error in
 
 import dataclasses
 import hashlib
+import logging
 import math
 import time
 from datetime import timedelta
@@ -502,9 +503,10 @@ class Runtime:
         self.skipped += int(skipped)
         self._observe(plan, lengths, times.tolist())
         self._optimizer_s = optimizer_s
-        _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%); %s",
-                  self.step, len(lengths), sum(lengths), [p.layout for p in phases], predicted, measured,
-                  100 * error, plan_choice(plan, [c.name for c in self.candidates], self.min_gain))
+        if _log.isEnabledFor(logging.INFO):  # the line is built only when it is written
+            _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%); "
+                      "%s", self.step, len(lengths), sum(lengths), [p.layout for p in phases], predicted, measured,
+                      100 * error, plan_choice(plan, [c.name for c in self.candidates], self.min_gain))
         return StepResult(
             step=self.step, loss=loss, skipped=skipped, tokens=sum(lengths), targets=targets,
             seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
