@@ -45,10 +45,11 @@ import tempfile
 import time
 
 import hotswitch as hs
+from hotswitch import _C
 from benchmarks import default_data_dir, rounded
 from hotswitch.analysis import milp
 from hotswitch import planner as planning
-from hotswitch.analysis.simulate import simulate
+from hotswitch.analysis.simulate import simulate, simulate_moving_home
 from hotswitch.data import load_lengths
 from hotswitch.hardware import load_hardware
 
@@ -58,6 +59,8 @@ GPUS_PER_NODE = 8
 MAX_CONTEXT = 32768
 SIM_GPUS = (8, 32, 256)
 SEQUENCES_PER_GPU = 16
+HOME_SHORTLIST = 0.15  # homes weighed: one phase within this share of the best
+HOME_WINDOW = 4        # batches over which the home is chosen
 MILP_LAYOUTS = ["dp8", "dp4tp2", "dp2tp4", "tp8", "dp4pp2"]
 MILP_MEMORY_GIB = 48
 OPTIONS = dict(max_context=MAX_CONTEXT, long_sequences="truncate")
@@ -99,6 +102,7 @@ class Setups:
         self.options = dict(OPTIONS, max_context=max_context, recompute=list(recompute))
         self.planners = {}
         self.caches = {}
+        self.params_switch = {}
 
     def home(self, gpus: int, batch) -> int:
         """The layout a Megatron-LM user would fix: the best static one for a batch that
@@ -117,11 +121,51 @@ class Setups:
             topology = hs.Topology(gpus, GPUS_PER_NODE)
             candidates = planning.auto_candidates(self.model, gpus, self.max_cp)
             t0 = time.perf_counter()
+            cache = self.caches.setdefault(gpus, _C.PlanCache())
+            # The parameters' switches do not depend on the home: built once per world.
+            params = self.params_switch.get(gpus)
+            costs = planning.switch_costs(self.model, self.hardware, topology, candidates, home, method=self.method,
+                                          cache=cache, params_switch=params)
+            self.params_switch[gpus] = costs[0]
             self.planners[key] = planning.build_planner(self.model, self.hardware, topology, candidates, home,
-                                                        method=self.method, **self.options)
+                                                        costs=costs, **self.options)
             print(f"  {gpus} GPUs: {len(candidates)} candidates, home {candidates[home].name}, switch costs in "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return self.planners[key]
+
+    def homes(self, gpus: int, batches, share: float = HOME_SHORTLIST) -> list:
+        """The candidates worth weighing as home (a home holds the masters; it need not hold
+        the longest sequence): those whose one phase over the pieces of the batches it holds,
+        scaled to all their tokens, is predicted within ``share`` of the best (the cost
+        model's estimate), and the home a Megatron-LM user would fix (``home``)."""
+        fixed = self.home(gpus, batches[0])
+        probe = self.planner(gpus, fixed)
+        pieces = [[p.length for p in probe.pieces(b)] for b in batches]
+        total = sum(sum(b) for b in pieces)
+        times = {}
+        for c in range(len(probe.candidates)):
+            budget = probe.micro_batch_budget(c)
+            held = [[s for s in b if s <= budget] for b in pieces]
+            tokens = sum(sum(b) for b in held)
+            if tokens < total / 2:
+                continue
+            times[c] = total / tokens * sum(probe.objective(b, [c] * len(b)).total_seconds for b in held if b)
+        best = min(times.values())
+        return sorted({c for c, t in times.items() if t <= best * (1 + share)} | {fixed})
+
+    def move_seconds(self, gpus: int):
+        """``home_move_seconds`` between candidates of this world, cached."""
+        topology = hs.Topology(gpus, GPUS_PER_NODE)
+        candidates = planning.auto_candidates(self.model, gpus, self.max_cp)
+        cache = self.caches.setdefault(gpus, _C.PlanCache())
+        memo = {}
+
+        def seconds(a, b):
+            if (a, b) not in memo:
+                memo[a, b] = planning.home_move_seconds(self.model, self.hardware, topology, candidates, a, b,
+                                                        method=self.method, cache=cache)
+            return memo[a, b]
+        return seconds
 
 
 def p50(xs):
@@ -247,6 +291,11 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="directory of *.lengths files")
     parser.add_argument("--hardware", default="a800", help="a preset name or a profile FILE.json")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fixed-plan", default=None, metavar="FILE.json",
+                        help="a hand-written plan ([upper_bound, layout, recompute] entries) to simulate beside ours: "
+                             "sim_speedup_vs_fixed")
+    parser.add_argument("--fixed-plan-gpus", type=int, default=8, choices=SIM_GPUS,
+                        help="the GPU count whose cases the fixed plan is for (default 8)")
     args = parser.parse_args(argv)
     try:
         hardware = load_hardware(args.hardware)
@@ -309,35 +358,62 @@ def main(argv=None) -> int:
     print(f"MILP lengths drawn from the documents of at most {longest} tokens (what one candidate holds); left out: "
           + ", ".join(f"{n} {share:.1%}" for n, share in left_out.items()))
 
-    speedup, share, layouts, vs_home = {}, {}, {}, {}
-    print("simulated (cost model predictions, nothing run):")
+    fixed = None
+    if args.fixed_plan:
+        try:
+            fixed = planning.load_fixed_plan(args.fixed_plan, args.fixed_plan_gpus, setups.model, MAX_CONTEXT)
+        except ValueError as e:
+            parser.error(str(e))
+    speedup, share, layouts, vs_home, vs_padded, vs_fixed, moves, homes_used = {}, {}, {}, {}, {}, {}, {}, {}
+    print("simulated (cost model predictions, nothing run); speedups over the best static layout packed per "
+          "sequence (per step), the home layout fixed for the run, and padded static:")
     print(f"{'distribution':<14}{'GPUs':>6}{'batch':>7}{'hot tok/s':>13}{'static tok/s':>14}{'speedup':>9}"
-          f"{'vs home':>9}{'switching':>11}  layouts used (phases)")
+          f"{'vs home':>9}{'vs padded':>10}{'switching':>11}{'moves':>7}  homes; layouts used (phases)")
     for name, lengths in dists.items():
         speedup[name], share[name], layouts[name] = {}, {}, {}
         for gpus in SIM_GPUS:
             batch = SEQUENCES_PER_GPU * gpus
             rng = random.Random(args.seed)
-            home = setups.home(gpus, [rng.choice(lengths) for _ in range(batch)])
+            # Batches seen before the run: the window the first home is chosen over.
+            probe = [[rng.choice(lengths) for _ in range(batch)] for _ in range(HOME_WINDOW)]
+            home = setups.home(gpus, probe[0])
+            homes = setups.homes(gpus, probe)
+            entries = None
+            if fixed is not None and gpus == args.fixed_plan_gpus:
+                entries = planning.fixed_plan_entries(fixed, setups.planner(gpus, home).candidates)
+            sim = simulate_moving_home(lambda h: setups.planner(gpus, h), homes, lengths, sim_steps, batch,
+                                       seed=args.seed + 1, window=HOME_WINDOW, move_seconds=setups.move_seconds(gpus),
+                                       start=probe, fixed=entries)
+            # The same steps under the Megatron user's home layout alone: a layout fixed for the run.
             planner = setups.planner(gpus, home)
-            sim = simulate(planner, lengths, sim_steps, batch, seed=args.seed + 1)
-            # The same steps under the home layout alone: a layout fixed for the whole run.
-            fixed = hs.Planner(planner.cost, [planner.candidates[home]], 0, [[0.0]], [0.0], **OPTIONS)
-            fixed_s = simulate(fixed, lengths, sim_steps, batch, seed=args.seed + 1)["hot_s"]
+            alone = hs.Planner(planner.cost, [planner.candidates[home]], 0, [[0.0]], [0.0], **OPTIONS)
+            fixed_s = simulate(alone, lengths, sim_steps, batch, seed=args.seed + 1)["hot_s"]
             vs_home.setdefault(name, {})[str(gpus)] = fixed_s / sim["hot_s"]
+            vs_padded.setdefault(name, {})[str(gpus)] = sim["padded_s"] / sim["hot_s"]
+            if entries is not None:
+                vs_fixed.setdefault(name, {})[str(gpus)] = sim["fixed_s"] / sim["hot_s"]
+            moves.setdefault(name, {})[str(gpus)] = sim["moves"]
+            homes_used.setdefault(name, {})[str(gpus)] = sorted(set(sim["homes"]))
             speedup[name][str(gpus)] = sim["static_s"] / sim["hot_s"]
             share[name][str(gpus)] = sim["switch_s"] / sim["hot_s"]
             used = sorted(sim["layouts"].items(), key=lambda kv: -kv[1])
             layouts[name][str(gpus)] = dict(used)
             print(f"{name:<14}{gpus:>6}{batch:>7}{sim['tokens'] / sim['hot_s']:>13,.0f}"
-                  f"{sim['tokens'] / sim['static_s']:>14,.0f}{speedup[name][str(gpus)]:>8.2f}x"
-                  f"{vs_home[name][str(gpus)]:>8.2f}x"
-                  f"{share[name][str(gpus)]:>11.1%}  " + " ".join(f"{l}:{c}" for l, c in used[:6]))
+                  f"{sim['tokens'] / sim['static_s']:>14,.0f}{speedup[name][str(gpus)]:>8.3f}x"
+                  f"{vs_home[name][str(gpus)]:>8.3f}x{vs_padded[name][str(gpus)]:>9.1f}x"
+                  f"{share[name][str(gpus)]:>11.1%}{sim['moves']:>7}  {','.join(sorted(set(sim['homes'])))}; "
+                  + " ".join(f"{l}:{c}" for l, c in used[:6]))
     out["sim_steps"] = sim_steps
     out["sim_speedup_vs_static"] = speedup
     out["sim_speedup_vs_static_min"] = min(v for per_gpus in speedup.values() for v in per_gpus.values())
     out["sim_switch_share"] = share
     out["sim_speedup_vs_home"] = vs_home
+    out["sim_speedup_vs_padded_static"] = vs_padded
+    out["sim_home_moves"] = moves
+    out["sim_homes"] = homes_used
+    if fixed is not None:
+        out["fixed_plan"] = args.fixed_plan
+        out["sim_speedup_vs_fixed"] = vs_fixed
     out.update(context_parallel(dists, hardware, CP_STEPS_QUICK if args.quick else CP_STEPS, args.seed,
                                 CP_GPUS_QUICK if args.quick else CP_GPUS))
     out["seconds"] = time.perf_counter() - start

@@ -767,5 +767,25 @@ PYBIND11_MODULE(_C, m) {
            "The planner's objective J (an ObjectiveValue, seconds) of an arbitrary assignment of pieces to "
            "candidates, each piece under the recompute mode listed for it (empty: the planner's first).")
       .def("plan", &Planner::plan, py::arg("lengths"), py::call_guard<py::gil_scoped_release>(),
-           "Plans one step: a StepPlan. Indices refer to the plan's pieces.");
+           "Plans one step: a StepPlan. Indices refer to the plan's pieces.")
+      .def("plan_fixed", [](const Planner& p, const std::vector<int64_t>& lengths,
+                            const std::vector<std::tuple<int64_t, int, std::string>>& entries) {
+        std::vector<FixedPlanEntry> fixed;
+        for (const auto& [bound, candidate, recompute] : entries) {
+          fixed.push_back({bound, candidate, parseRecompute(recompute)});
+        }
+        py::gil_scoped_release release;
+        return p.planFixed(lengths, fixed);
+      }, py::arg("lengths"), py::arg("entries"),
+           "The StepPlan of a fixed bucketing: entries (upper length bound, candidate index, recompute), bounds "
+           "increasing; each piece runs under the first entry whose bound holds it, with the plan()'s packing and "
+           "switches and never a one-phase fallback.")
+      .def("check_fixed_plan", [](const Planner& p, const std::vector<std::tuple<int64_t, int, std::string>>& entries) {
+        std::vector<FixedPlanEntry> fixed;
+        for (const auto& [bound, candidate, recompute] : entries) {
+          fixed.push_back({bound, candidate, parseRecompute(recompute)});
+        }
+        p.checkFixedPlan(fixed);
+      }, py::arg("entries"),
+           "ValueError naming the entry when plan_fixed would refuse these entries whatever the lengths.");
 }

@@ -437,6 +437,157 @@ ObjectiveValue Planner::objective(const std::vector<int64_t>& pieceLengths, cons
   return out;
 }
 
+void Planner::finish(StepPlan& out, const std::vector<std::vector<int>>& perLayout, const std::vector<int>& firstSeen,
+                     const std::vector<int64_t>& len, const std::vector<int>& order, int64_t longest,
+                     bool fallback) const {
+  const int L = static_cast<int>(models_.size());  // variants
+  const auto& sw = switchVariants_;
+  const int home_ = homeVariant_;
+  std::vector<int64_t> sorted;  // the pieces' lengths in increasing order
+  sorted.reserve(order.size());
+  for (int i : order) sorted.push_back(len[i]);
+  std::vector<int> others;
+  for (int l : firstSeen) {
+    if (l != home_) others.push_back(l);
+  }
+  const double switchCycle = cycle(others);
+  std::vector<int> runOrder;
+  if (!perLayout[home_].empty()) runOrder.push_back(home_);
+  runOrder.insert(runOrder.end(), others.begin(), others.end());
+
+  // Builds the plan's phases, switches and totals from phases in run order.
+  auto assemble = [&](std::vector<PlannedPhase> phases, double switchSeconds) {
+    out.phases.clear();
+    out.objectiveSeconds = switchSeconds;
+    out.totalSeconds = 0;
+    const auto& layoutSw = switches_.params;  // phases name candidate layouts
+    int prev = this->home_;
+    for (PlannedPhase& phase : phases) {
+      phase.switchInSeconds = layoutSw[prev][phase.candidate];
+      if (!out.phases.empty()) out.phases.back().switchOutSeconds = phase.switchInSeconds;
+      out.objectiveSeconds += phase.estimateSeconds + phase.gradSeconds;
+      out.totalSeconds += phase.switchInSeconds + phase.cost.runSeconds() + phase.gradSeconds;
+      prev = phase.candidate;
+      out.phases.push_back(std::move(phase));
+    }
+    out.switchBackSeconds = layoutSw[prev][this->home_];
+    out.phases.back().switchOutSeconds = out.switchBackSeconds;
+    out.totalSeconds += out.switchBackSeconds;
+  };
+  {
+    std::vector<PlannedPhase> phases;
+    for (int l : runOrder) phases.push_back(makePhase(l, perLayout[l], len));
+    assemble(std::move(phases), switchCycle);
+  }
+
+  // The best static layout: shortlisted by its estimate, decided by its exact packing.
+  std::vector<double> staticEstimate(L, kInf);
+  double bestEstimate = kInf;
+  for (int l = 0; l < L; ++l) {
+    const CandidateModel& m = models_[l];
+    if (m.budget < longest) continue;
+    Aggregate agg;
+    for (int64_t s : sorted) agg.add(m, s);
+    staticEstimate[l] = agg.estimate(m) + m.reduceSeconds;
+    bestEstimate = std::min(bestEstimate, staticEstimate[l]);
+  }
+  std::vector<PlannedPhase> oneLayout(L);
+  std::vector<bool> packed(L, false);
+  auto wholeStep = [&](int l) -> const PlannedPhase& {
+    if (!packed[l]) {
+      oneLayout[l] = makePhase(l, order, len);
+      packed[l] = true;
+    }
+    return oneLayout[l];
+  };
+  int bestStatic = -1;  // variant
+  for (int l = 0; l < L; ++l) {
+    if (staticEstimate[l] > bestEstimate * kStaticShortlist) continue;
+    const double t = wholeStep(l).cost.totalSeconds;
+    if (bestStatic < 0 || t < out.bestStaticSeconds) {
+      bestStatic = l;
+      out.bestStaticCandidate = layoutOf(l);
+      out.bestStaticRecompute = models_[l].recompute;
+      out.bestStaticSeconds = t;
+      out.bestStaticObjectiveSeconds = staticEstimate[l];
+    }
+  }
+
+  // The estimate chose the phases; the exact packing decides whether they beat the whole
+  // step in one phase under the home layout or the best static layout by minGain.
+  out.programPlanSeconds = out.totalSeconds;
+  int alternative = -1;
+  for (int l : {home_, bestStatic}) {
+    if (!fallback || l < 0 || models_[l].budget < longest) continue;
+    if (out.phases.size() == 1 && out.phases[0].candidate == layoutOf(l) &&
+        out.phases[0].recompute == models_[l].recompute) {
+      continue;  // the program's plan is this one phase already
+    }
+    const PlannedPhase& single = wholeStep(l);
+    const double total = sw[home_][l] + single.cost.runSeconds() + single.gradSeconds + sw[l][home_];
+    if (alternative < 0 || total < out.onePhaseSeconds) {
+      alternative = l;
+      out.onePhaseSeconds = total;
+    }
+  }
+  if (alternative >= 0 && out.programPlanSeconds * (1 + options_.minGain) > out.onePhaseSeconds) {
+    assemble({wholeStep(alternative)},
+             alternative == home_ ? 0.0 : sw[home_][alternative] + sw[alternative][home_]);
+    out.singlePhaseFallback = true;
+  }
+}
+
+void Planner::checkFixedPlan(const std::vector<FixedPlanEntry>& entries) const {
+  HS_CHECK(!entries.empty(), "a fixed plan needs at least one entry (upper length bound, layout, recompute)");
+  const int layouts = static_cast<int>(candidates_.size());
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const FixedPlanEntry& e = entries[k];
+    HS_CHECK(e.candidate >= 0 && e.candidate < layouts, "fixed plan entry ", k, ": candidate ", e.candidate,
+             " outside the candidates [0, ", layouts, ")");
+    const std::string what = "fixed plan entry " + std::to_string(k) + " (up to " + std::to_string(e.upperBound) +
+                             " tokens under " + candidates_[e.candidate].name() + ", recompute " +
+                             recomputeName(e.recompute) + ")";
+    HS_CHECK(e.upperBound >= 1, what, ": the upper length bound must be >= 1");
+    HS_CHECK(k == 0 || e.upperBound > entries[k - 1].upperBound, what, ": upper length bounds must increase, after ",
+             entries[k - 1].upperBound);
+    HS_CHECK(std::find(options_.recompute.begin(), options_.recompute.end(), e.recompute) != options_.recompute.end(),
+             what, ": the planner's options do not allow recompute ", recomputeName(e.recompute));
+    const int64_t budget = models_[variant(e.candidate, e.recompute)].budget;
+    HS_CHECK(e.upperBound <= budget, what, ": the layout holds at most ", budget,
+             " tokens per micro-batch within the memory budget");
+  }
+}
+
+StepPlan Planner::planFixed(const std::vector<int64_t>& lengths, const std::vector<FixedPlanEntry>& entries) const {
+  checkFixedPlan(entries);
+  StepPlan out;
+  out.pieces = pieces(lengths);
+  const int n = static_cast<int>(out.pieces.size());
+  std::vector<int64_t> len(n);
+  for (int i = 0; i < n; ++i) len[i] = out.pieces[i].length;
+  const int64_t longest = *std::max_element(len.begin(), len.end());
+  HS_CHECK(longest <= entries.back().upperBound, "a sequence of length ", longest, " is longer than the fixed "
+           "plan's last upper bound (", entries.back().upperBound, " tokens under ",
+           candidates_[entries.back().candidate].name(), "): the plan must cover every length");
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return len[a] < len[b]; });
+  // Each piece to the first entry whose bound holds it; one phase per (layout, recompute).
+  std::vector<std::vector<int>> perLayout(models_.size());
+  std::vector<int> firstSeen;
+  size_t k = 0;
+  for (int i : order) {
+    while (len[i] > entries[k].upperBound) ++k;
+    const int v = variant(entries[k].candidate, entries[k].recompute);
+    if (perLayout[v].empty()) firstSeen.push_back(v);
+    perLayout[v].push_back(i);
+  }
+  out.candidatesUsed = static_cast<int>(firstSeen.size());
+  finish(out, perLayout, firstSeen, len, order, longest, false);
+  out.programSeconds = out.objectiveSeconds;  // no program ran: J of the fixed assignment
+  return out;
+}
+
 StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
   using Clock = std::chrono::steady_clock;
   const auto started = Clock::now();
@@ -607,95 +758,7 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
       prevCut = b;
     }
   }
-  std::vector<int> others;
-  for (int l : firstSeen) {
-    if (l != home_) others.push_back(l);
-  }
-  const double switchCycle = cycle(others);
-  std::vector<int> runOrder;
-  if (!perLayout[home_].empty()) runOrder.push_back(home_);
-  runOrder.insert(runOrder.end(), others.begin(), others.end());
-
-  // Builds the plan's phases, switches and totals from phases in run order.
-  auto assemble = [&](std::vector<PlannedPhase> phases, double switchSeconds) {
-    out.phases.clear();
-    out.objectiveSeconds = switchSeconds;
-    out.totalSeconds = 0;
-    const auto& layoutSw = switches_.params;  // phases name candidate layouts
-    int prev = this->home_;
-    for (PlannedPhase& phase : phases) {
-      phase.switchInSeconds = layoutSw[prev][phase.candidate];
-      if (!out.phases.empty()) out.phases.back().switchOutSeconds = phase.switchInSeconds;
-      out.objectiveSeconds += phase.estimateSeconds + phase.gradSeconds;
-      out.totalSeconds += phase.switchInSeconds + phase.cost.runSeconds() + phase.gradSeconds;
-      prev = phase.candidate;
-      out.phases.push_back(std::move(phase));
-    }
-    out.switchBackSeconds = layoutSw[prev][this->home_];
-    out.phases.back().switchOutSeconds = out.switchBackSeconds;
-    out.totalSeconds += out.switchBackSeconds;
-  };
-  {
-    std::vector<PlannedPhase> phases;
-    for (int l : runOrder) phases.push_back(makePhase(l, perLayout[l], len));
-    assemble(std::move(phases), switchCycle);
-  }
-
-  // The best static layout: shortlisted by its estimate, decided by its exact packing.
-  std::vector<double> staticEstimate(L, kInf);
-  double bestEstimate = kInf;
-  for (int l = 0; l < L; ++l) {
-    const CandidateModel& m = models_[l];
-    if (m.budget < longest) continue;
-    Aggregate agg;
-    for (int64_t s : sorted) agg.add(m, s);
-    staticEstimate[l] = agg.estimate(m) + m.reduceSeconds;
-    bestEstimate = std::min(bestEstimate, staticEstimate[l]);
-  }
-  std::vector<PlannedPhase> oneLayout(L);
-  std::vector<bool> packed(L, false);
-  auto wholeStep = [&](int l) -> const PlannedPhase& {
-    if (!packed[l]) {
-      oneLayout[l] = makePhase(l, order, len);
-      packed[l] = true;
-    }
-    return oneLayout[l];
-  };
-  int bestStatic = -1;  // variant
-  for (int l = 0; l < L; ++l) {
-    if (staticEstimate[l] > bestEstimate * kStaticShortlist) continue;
-    const double t = wholeStep(l).cost.totalSeconds;
-    if (bestStatic < 0 || t < out.bestStaticSeconds) {
-      bestStatic = l;
-      out.bestStaticCandidate = layoutOf(l);
-      out.bestStaticRecompute = models_[l].recompute;
-      out.bestStaticSeconds = t;
-      out.bestStaticObjectiveSeconds = staticEstimate[l];
-    }
-  }
-
-  // The estimate chose the phases; the exact packing decides whether they beat the whole
-  // step in one phase under the home layout or the best static layout by minGain.
-  out.programPlanSeconds = out.totalSeconds;
-  int alternative = -1;
-  for (int l : {home_, bestStatic}) {
-    if (!options_.exactFallback || l < 0 || models_[l].budget < longest) continue;
-    if (out.phases.size() == 1 && out.phases[0].candidate == layoutOf(l) &&
-        out.phases[0].recompute == models_[l].recompute) {
-      continue;  // the program's plan is this one phase already
-    }
-    const PlannedPhase& single = wholeStep(l);
-    const double total = sw[home_][l] + single.cost.runSeconds() + single.gradSeconds + sw[l][home_];
-    if (alternative < 0 || total < out.onePhaseSeconds) {
-      alternative = l;
-      out.onePhaseSeconds = total;
-    }
-  }
-  if (alternative >= 0 && out.programPlanSeconds * (1 + options_.minGain) > out.onePhaseSeconds) {
-    assemble({wholeStep(alternative)},
-             alternative == home_ ? 0.0 : sw[home_][alternative] + sw[alternative][home_]);
-    out.singlePhaseFallback = true;
-  }
+  finish(out, perLayout, firstSeen, len, order, longest, options_.exactFallback);
   HS_LOG_DEBUG("planner", n, " pieces, ", K, " cuts, ", layouts.size(), " of ", L, " layouts: ",
                out.phases.size(), " phases, predicted ", out.totalSeconds, " s (objective ", out.objectiveSeconds,
                " s) vs best static ", out.bestStaticSeconds, " s; planned in ", msSince(started), " ms (program ",

@@ -156,6 +156,15 @@ struct ObjectiveValue {
   std::vector<int> order;             // used variants in run order
 };
 
+// One entry of a fixed plan, the bucket bounds and layouts a HotSPa user writes by hand:
+// pieces of at most upperBound tokens (and longer than the previous entry's bound) run under
+// candidate `candidate` with `recompute`.
+struct FixedPlanEntry {
+  int64_t upperBound = 0;
+  int candidate = 0;
+  Recompute recompute = Recompute::kNone;
+};
+
 class Planner {
  public:
   static constexpr int kMaxOrderedLayouts = 12;
@@ -170,6 +179,16 @@ class Planner {
   // context under kReject, or a piece no candidate holds (naming it and the longest that
   // fits).
   StepPlan plan(const std::vector<int64_t>& lengths) const;
+
+  // The plan that a fixed bucketing gives (FixedPlanEntry), with the same pieces, packing,
+  // phase order, switches and best static layout as plan(), never replaced by one phase
+  // (singlePhaseFallback false; programSeconds and objectiveSeconds are J of its assignment).
+  // Throws InvalidArgument naming the entry for no entries, bounds that do not increase, a
+  // candidate outside the candidates, a recompute mode the options do not allow, or a bound
+  // the layout cannot hold within the memory budget; and naming the length for a piece longer
+  // than the last bound.
+  StepPlan planFixed(const std::vector<int64_t>& lengths, const std::vector<FixedPlanEntry>& entries) const;
+  void checkFixedPlan(const std::vector<FixedPlanEntry>& entries) const;
 
   // The pieces the plan cuts the lengths into (identity unless sequences exceed maxContext).
   std::vector<SequencePiece> pieces(const std::vector<int64_t>& lengths) const;
@@ -212,6 +231,11 @@ class Planner {
   // micro-batch and holds what v holds up to `longest` (equal terms: the one holding more,
   // then the earlier).
   bool cheaperVariant(int w, int v, int64_t longest) const;
+  // Phases (pieces per variant, first-seen order), switches, totals and the best static
+  // layout of a plan; with `fallback`, one phase under home or the best static layout
+  // replaces the phases unless they win by minGain. `order`: the pieces by length.
+  void finish(StepPlan& out, const std::vector<std::vector<int>>& perLayout, const std::vector<int>& firstSeen,
+              const std::vector<int64_t>& len, const std::vector<int>& order, int64_t longest, bool fallback) const;
   PlannedPhase makePhase(int candidate, std::vector<int> sequences, const std::vector<int64_t>& lengths) const;
 
   CostModel cost_;

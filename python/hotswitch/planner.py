@@ -7,7 +7,9 @@ The dry run over these is ``python -m hotswitch.cli.plan``; simulations of many 
 ``hotswitch.analysis.simulate``.
 """
 
-from typing import Dict, List, Tuple
+import json
+import os
+from typing import Dict, List, Sequence, Tuple, Union
 
 from hotswitch import _C
 from hotswitch.redistribute import plan_switch
@@ -17,12 +19,21 @@ __all__ = [
     "PLANS_UP_TO_WORLD",
     "auto_candidates",
     "build_planner",
+    "choose_home",
+    "choose_model_orders",
+    "choose_orders",
+    "home_move_seconds",
+    "layout_orders",
+    "order_keeps_locality",
     "check_candidates",
+    "fixed_plan_entries",
     "free_planner",
+    "load_fixed_plan",
     "plan_choice",
     "redistribution_seconds",
     "switch_costs",
     "tensor_switch_costs",
+    "with_fixed_layouts",
 ]
 
 def plan_choice(plan: "_C.StepPlan", names: List[str], min_gain: float) -> str:
@@ -38,6 +49,90 @@ def plan_choice(plan: "_C.StepPlan", names: List[str], min_gain: float) -> str:
         return (f"planned phases ({program:.3f} s): {one / program - 1:.1%} faster than one phase ({one:.3f} s), "
                 f"above the {min_gain:.1%} margin")
     return f"planned phases ({program:.3f} s): no single layout holds the step or it is one phase already"
+
+
+_RECOMPUTE = ("none", "selective", "full")
+
+
+def load_fixed_plan(source: Union[str, os.PathLike, Sequence], world: int, model=None,
+                    max_context: int = None) -> List[Tuple[int, "_C.Layout", str]]:
+    """A fixed plan, the bucket bounds and layouts a HotSPa user writes by hand, from a JSON
+    file (or the list it holds): entries ``[upper_bound, layout, recompute]`` or
+    ``{"upper_bound": 4096, "layout": "dp8", "recompute": "none"}`` (recompute optional,
+    default ``"none"``), bounds increasing. A length runs under the first entry whose bound
+    holds it. Returns ``(bound, Layout, recompute)`` per entry. ValueError naming the entry for
+    a malformed entry, bounds that do not increase, a layout that does not fit ``world`` or the
+    model (``model.validate``), or, with ``max_context``, a last bound below it (lengths left
+    uncovered). Whether each layout holds its bound in memory is the planner's check
+    (``Planner.plan_fixed``)."""
+    where = "fixed plan"
+    if isinstance(source, (str, os.PathLike)):
+        where = f"fixed plan {os.fspath(source)}"
+        try:
+            with open(source) as f:
+                source = json.load(f)
+        except OSError as e:
+            raise ValueError(f"{where}: cannot read it ({e.strerror})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e})") from None
+    if not isinstance(source, (list, tuple)) or not source:
+        raise ValueError(f"{where}: expected a non-empty JSON list of [upper_bound, layout, recompute] entries, "
+                         f"got {source!r}")
+    out = []
+    for k, entry in enumerate(source):
+        if isinstance(entry, dict):
+            unknown = sorted(set(entry) - {"upper_bound", "layout", "recompute"})
+            if unknown or "upper_bound" not in entry or "layout" not in entry:
+                raise ValueError(f"{where}, entry {k} {entry!r}: expected the keys upper_bound, layout and "
+                                 f"optionally recompute")
+            bound, name, recompute = entry["upper_bound"], entry["layout"], entry.get("recompute", "none")
+        elif isinstance(entry, (list, tuple)) and len(entry) in (2, 3):
+            bound, name, recompute = (*entry, "none")[:3]
+        else:
+            raise ValueError(f"{where}, entry {k} {entry!r}: expected [upper_bound, layout, recompute]")
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+            raise ValueError(f"{where}, entry {k} {entry!r}: the upper bound must be an integer >= 1, got {bound!r}")
+        if out and bound <= out[-1][0]:
+            raise ValueError(f"{where}, entry {k} {entry!r}: upper bounds must increase, {bound} follows {out[-1][0]}")
+        if recompute not in _RECOMPUTE:
+            raise ValueError(f"{where}, entry {k} {entry!r}: recompute must be one of {', '.join(_RECOMPUTE)}, "
+                             f"got {recompute!r}")
+        if not isinstance(name, str):
+            raise ValueError(f"{where}, entry {k} {entry!r}: the layout must be a name like \"dp2tp4\", got {name!r}")
+        try:
+            layout = _C.Layout.parse(name)
+            layout.validate(world)
+            if model is not None:
+                model.validate(layout)
+        except ValueError as e:
+            raise ValueError(f"{where}, entry {k} {entry!r}: {e}") from None
+        out.append((bound, layout, recompute))
+    if max_context is not None and out[-1][0] < max_context:
+        raise ValueError(f"{where}: the last upper bound {out[-1][0]} leaves lengths up to the max context "
+                         f"{max_context} uncovered")
+    return out
+
+
+def fixed_plan_entries(fixed, candidates) -> List[Tuple[int, int, str]]:
+    """``Planner.plan_fixed``'s entries, ``(bound, candidate index, recompute)``, for a fixed
+    plan from ``load_fixed_plan`` over the planner's candidate layouts. ValueError naming the
+    layout when it is not a candidate."""
+    names = [c.name for c in candidates]
+    out = []
+    for bound, layout, recompute in fixed:
+        if layout.name not in names:
+            raise ValueError(f"fixed plan layout {layout.name} is not among the candidates {names}")
+        out.append((bound, names.index(layout.name), recompute))
+    return out
+
+
+def with_fixed_layouts(candidates, fixed) -> List["_C.Layout"]:
+    """The candidates plus every layout of a fixed plan that is not among them."""
+    out = list(candidates)
+    for _, layout, _ in fixed:
+        if layout.name not in [c.name for c in out]:
+            out.append(layout)
+    return out
 
 
 # Worlds up to this size get switch costs from real redistribution plans by default.
@@ -101,7 +196,7 @@ def redistribution_seconds(plan, hardware, topology) -> float:
 
 
 def switch_costs(model, hardware, topology, candidates, home, zero=True, method="auto",
-                 cache=None) -> Tuple[List[List[float]], List[float], List[float]]:
+                 cache=None, params_switch=None) -> Tuple[List[List[float]], List[float], List[float]]:
     """Seconds of the switches the planner weighs, per candidate layout, for a ``ModelConfig``:
     bf16 parameters (fp32 when the model's parameters are), fp32 gradients, reduced ones
     ZeRO-sharded over the phase's data group when ``zero``. See ``tensor_switch_costs``."""
@@ -111,12 +206,12 @@ def switch_costs(model, hardware, topology, candidates, home, zero=True, method=
     grads = llama_tensor_set(*shape, dtype="float32")
     kind = "zero" if zero else "sharded"
     return tensor_switch_costs(params, grads, hardware, topology, candidates, home, home_placement=kind,
-                               reduced_placement=kind, method=method, cache=cache)
+                               reduced_placement=kind, method=method, cache=cache, params_switch=params_switch)
 
 
 def tensor_switch_costs(params, grads, hardware, topology, candidates, home, home_placement="sharded",
-                        reduced_placement="sharded", method="auto",
-                        cache=None) -> Tuple[List[List[float]], List[float], List[float]]:
+                        reduced_placement="sharded", method="auto", cache=None,
+                        params_switch=None) -> Tuple[List[List[float]], List[float], List[float]]:
     """Seconds of the switches the planner weighs, per candidate layout, for the tensor sets
     ``params`` and ``grads``.
 
@@ -125,6 +220,8 @@ def tensor_switch_costs(params, grads, hardware, topology, candidates, home, hom
     over candidate i's data group (in ``reduced_placement``), into the home layout's
     accumulator (in ``home_placement``); ``partial_grads[i]`` moves the unreduced summands
     there instead, summed on arrival. Both are 0 for the home layout (index ``home``).
+    ``params_switch``: the ``params`` matrix of an earlier call over the same candidates,
+    reused (it does not depend on the home).
     ``method``: ``"plans"`` (the redistribution plan's slowest rank: its sends, or its receives,
     over the links they cross), ``"estimate"`` (the slowest rank's receives alone,
     ``SwitchEstimate``; no plan is built), or ``"auto"`` (plans up to ``PLANS_UP_TO_WORLD``
@@ -154,13 +251,157 @@ def tensor_switch_costs(params, grads, hardware, topology, candidates, home, hom
             est = _C.SwitchEstimate.of(ts, placement(ts, a, ka), placement(ts, b, kb), topology)
             return est.seconds(hardware.intra_node_bandwidth, hardware.inter_node_bandwidth)
 
-    switch = [[0.0 if i == j else seconds(params, a, "sharded", b, "sharded")
-               for j, b in enumerate(candidates)] for i, a in enumerate(candidates)]
+    if params_switch is not None:
+        if len(params_switch) != len(candidates) or any(len(row) != len(candidates) for row in params_switch):
+            raise ValueError(f"params_switch must be a {len(candidates)}x{len(candidates)} matrix")
+        switch = [list(row) for row in params_switch]
+    else:
+        switch = [[0.0 if i == j else seconds(params, a, "sharded", b, "sharded")
+                   for j, b in enumerate(candidates)] for i, a in enumerate(candidates)]
     reduced = [0.0 if i == home else seconds(grads, l, reduced_placement, homel, home_placement)
                for i, l in enumerate(candidates)]
     partial = [0.0 if i == home else seconds(grads, l, "partial", homel, home_placement)
                for i, l in enumerate(candidates)]
     return switch, reduced, partial
+
+
+def home_move_seconds(model, hardware, topology, candidates, src: int, dst: int, zero=True, method="auto",
+                      cache=None) -> float:
+    """Seconds to move the home from candidate ``src`` to ``dst``: the fp32 master weights and
+    Adam's two moments (three fp32 copies of the parameters), ZeRO-sharded over the data group
+    when ``zero``, each switched between the two homes' placements. 0 when src == dst."""
+    if src == dst:
+        return 0.0
+    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
+             model.num_query_groups, model.vocab_size)
+    masters = llama_tensor_set(*shape, dtype="float32")
+    kind = "zero" if zero else "sharded"
+    a, b = candidates[src], candidates[dst]
+    if method == "auto":
+        method = "plans" if topology.world <= PLANS_UP_TO_WORLD else "estimate"
+    if method == "plans":
+        plan = plan_switch(masters, a, b, src_kind=kind, dst_kind=kind, topology=topology,
+                           cache=_C.PlanCache() if cache is None else cache)
+        one = redistribution_seconds(plan, hardware, topology)
+    else:
+        est = _C.SwitchEstimate.of(masters, _C.Placement(masters, a, kind), _C.Placement(masters, b, kind), topology)
+        one = est.seconds(hardware.intra_node_bandwidth, hardware.inter_node_bandwidth)
+    return 3 * one
+
+
+def choose_home(planner_for, homes, batches, current=None, move_seconds=None) -> Tuple[int, Dict[int, float]]:
+    """The home layout from the expected cost over a window of recent batches.
+
+    ``planner_for(h)``: the Planner whose home is candidate h; ``homes``: the candidate indices
+    that may be home; ``batches``: the window, lists of lengths. The predicted seconds of every
+    home are the sum of its planned steps (``StepPlan.total_seconds``) over the window. Without
+    ``current`` the cheapest home is returned; with it, another home only when its saving over
+    the window exceeds ``move_seconds(current, h)``, the seconds of moving there
+    (``home_move_seconds``). Returns ``(home, seconds per home)``. ValueError for no homes, an
+    empty window, or a window no home can plan (naming the planner's reason)."""
+    homes = list(homes)
+    if not homes:
+        raise ValueError("choose_home needs at least one candidate home")
+    if not batches:
+        raise ValueError("choose_home needs a window of at least one batch")
+    totals, error = {}, None
+    for h in homes:
+        planner = planner_for(h)
+        try:
+            totals[h] = sum(planner.plan(batch).total_seconds for batch in batches)
+        except ValueError as e:
+            error = error or e  # a home whose planner cannot plan the window
+    if not totals:
+        raise ValueError(f"no candidate home can plan the window's batches: {error}")
+    best = min(totals, key=lambda h: (totals[h], h))
+    if current is None or current not in totals or best == current:
+        return best, totals
+    gain = {h: totals[current] - t - (move_seconds(current, h) if move_seconds else 0.0) for h, t in totals.items()}
+    moved = max(gain, key=lambda h: (gain[h], -h))
+    return (moved if gain[moved] > 0 else current), totals
+
+
+_AXES = ("tp", "cp", "dp", "pp")
+
+
+def layout_orders(layout: "_C.Layout") -> List["_C.Layout"]:
+    """Every rank order of ``layout``'s degrees that places ranks differently, ``layout``
+    itself first: the permutations of its axes of degree > 1 (an axis of degree 1 places
+    nothing), one layout per distinct placement of ranks."""
+    import itertools
+
+    def placement(l):
+        return tuple(tuple(sorted(l.coord(r).items())) for r in range(l.world))
+    used = [a for a in _AXES if getattr(layout, a) > 1]
+    rest = [a for a in _AXES if a not in used]
+    out, seen = [layout], {placement(layout)}
+    for perm in itertools.permutations(used):
+        variant = _C.Layout(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, order="-".join(list(perm) + rest))
+        key = placement(variant)
+        if key not in seen:
+            seen.add(key)
+            out.append(variant)
+    return out
+
+
+def _nodes_per_group(layout, axis: str, topology) -> int:
+    """The most nodes one of ``layout``'s groups along ``axis`` spans."""
+    return max(len({topology.node(r) for r in group}) for group in layout.groups(axis))
+
+
+def order_keeps_locality(variant, layout, topology) -> bool:
+    """Whether ``variant``'s tensor-, context- and pipeline-parallel groups span no more nodes
+    than ``layout``'s: a rank order may save switch bytes, never move a layer's collectives or
+    its pipeline's sends off the node."""
+    return all(_nodes_per_group(variant, a, topology) <= _nodes_per_group(layout, a, topology)
+               for a in ("tp", "cp", "pp"))
+
+
+def choose_orders(params, grads, hardware, topology, candidates, home, home_placement="sharded",
+                  reduced_placement="sharded", method="auto", cache=None) -> Tuple[List["_C.Layout"], List[float]]:
+    """Per candidate the rank order (``layout_orders``) whose use costs the least switch
+    seconds to and from the home, given the node size: the parameters switched in and back,
+    plus the phase's gradients into the home accumulator (the cheaper of reduced and partial),
+    priced as ``tensor_switch_costs`` prices them. Only orders whose tp, cp and pp groups span
+    no more nodes than the candidate's own are weighed (``order_keeps_locality``), so the
+    phase's own run is not made slower. The home keeps its order; ties keep the candidate's.
+    Returns ``(candidates, seconds saved per candidate)``."""
+    homel = candidates[home]
+    cache = _C.PlanCache() if cache is None else cache
+    out, saved = [], []
+    for i, layout in enumerate(candidates):
+        if i == home:
+            out.append(layout)
+            saved.append(0.0)
+            continue
+        best, best_s, first_s = None, None, None
+        for variant in layout_orders(layout):
+            if not order_keeps_locality(variant, layout, topology):
+                continue
+            sw, reduced, partial = tensor_switch_costs(params, grads, hardware, topology, [homel, variant], 0,
+                                                       home_placement=home_placement,
+                                                       reduced_placement=reduced_placement, method=method,
+                                                       cache=cache)
+            seconds = sw[0][1] + sw[1][0] + min(reduced[1], partial[1])
+            if first_s is None:
+                first_s = seconds
+            if best_s is None or seconds < best_s * (1 - 1e-9):
+                best, best_s = variant, seconds
+        out.append(best)
+        saved.append(first_s - best_s)
+    return out, saved
+
+
+def choose_model_orders(model, hardware, topology, candidates, home, zero=True, method="auto",
+                        cache=None) -> Tuple[List["_C.Layout"], List[float]]:
+    """``choose_orders`` for a ``ModelConfig``'s tensors, as ``switch_costs`` prices them."""
+    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
+             model.num_query_groups, model.vocab_size)
+    params = llama_tensor_set(*shape, dtype="bfloat16" if model.param_bytes == 2 else "float32")
+    grads = llama_tensor_set(*shape, dtype="float32")
+    kind = "zero" if zero else "sharded"
+    return choose_orders(params, grads, hardware, topology, candidates, home, home_placement=kind,
+                         reduced_placement=kind, method=method, cache=cache)
 
 
 def build_planner(model, hardware, topology, candidates, home, zero=True, method="auto", costs=None,

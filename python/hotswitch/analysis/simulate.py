@@ -9,7 +9,17 @@ from typing import Optional, Sequence
 
 from hotswitch import _C
 
-__all__ = ["simulate", "switch_share"]
+__all__ = ["padded_static_seconds", "simulate", "simulate_moving_home", "switch_share"]
+
+
+def padded_static_seconds(planner: "_C.Planner", sequences: int, seq_length: Optional[int] = None) -> float:
+    """Predicted seconds of the best static layout running ``sequences`` sequences each padded
+    to ``seq_length`` tokens (default: the planner's max context), the way a trainer without
+    packing runs them: the padded static baseline."""
+    seq_length = seq_length or planner.max_context
+    if not seq_length:
+        raise ValueError("padded static needs a sequence length: the planner has no max_context")
+    return planner.plan([seq_length] * sequences).best_static_seconds
 
 
 def switch_share(plan: "_C.StepPlan", planner: "_C.Planner") -> float:
@@ -26,17 +36,21 @@ def switch_share(plan: "_C.StepPlan", planner: "_C.Planner") -> float:
 
 
 def simulate(planner, lengths: Sequence[int], steps: int, global_batch: int, seed: int = 0,
-             free: Optional["_C.Planner"] = None) -> dict:
+             free: Optional["_C.Planner"] = None, fixed=None) -> dict:
     """Plans ``steps`` steps of ``global_batch`` lengths drawn from ``lengths``.
 
     Returns tokens and predicted seconds summed over the steps (exact packing): ``hot_s``
     (hot switching), ``static_s`` (per step the best single layout that holds its longest
     sequence: no worse than any one layout a user could fix for the whole run), ``free_s``
     (hot switching with free switches, when ``free`` is given), ``switch_s`` (of hot_s),
-    ``plan_ms`` (median planning time), and the layouts the hot plans used.
+    ``plan_ms`` (median planning time), and the layouts the hot plans used; ``fixed_s`` (the
+    fixed plan ``fixed``, ``Planner.plan_fixed`` entries, when given) and ``padded_s`` (per step
+    the best static layout with every sequence padded to the planner's max context, when it has
+    one).
     """
     rng = random.Random(seed)
-    out = {"steps": steps, "tokens": 0, "hot_s": 0.0, "static_s": 0.0, "free_s": 0.0, "switch_s": 0.0,
+    out = {"steps": steps, "tokens": 0, "hot_s": 0.0, "static_s": 0.0, "free_s": 0.0, "fixed_s": 0.0, "padded_s": 0.0,
+           "switch_s": 0.0,
            "layouts": {}}
     times = []
     for _ in range(steps):
@@ -53,6 +67,63 @@ def simulate(planner, lengths: Sequence[int], steps: int, global_batch: int, see
             out["layouts"][ph.layout.name] = out["layouts"].get(ph.layout.name, 0) + 1
         if free is not None:
             out["free_s"] += free.plan(step).total_seconds
+        if fixed is not None:
+            out["fixed_s"] += planner.plan_fixed(step, fixed).total_seconds
+        if planner.max_context:
+            out["padded_s"] += padded_static_seconds(planner, len(pieces))
+    times.sort()
+    out["plan_ms"] = times[len(times) // 2] * 1e3 if times else 0.0
+    return out
+
+
+def simulate_moving_home(planner_for, homes, lengths: Sequence[int], steps: int, global_batch: int, seed: int = 0,
+                         window: int = 4, move_seconds=None, start: Optional[Sequence[Sequence[int]]] = None,
+                         fixed=None) -> dict:
+    """``simulate`` with a home that is chosen and moves (``hotswitch.planner.choose_home``).
+
+    The first home is chosen over ``start`` (batches seen before the run, e.g. a probe drawn
+    from the distribution; default: the first step's batch). After every step the home is
+    chosen again over the last ``window`` batches, and moves when another saves more than
+    ``move_seconds(a, b)`` over that window; each move's seconds are added to ``hot_s`` and
+    ``move_s``. ``planner_for(h)``: the Planner with home h. Also returns ``homes`` (the home
+    of every step), ``moves``, ``fixed_s`` and ``padded_s`` (as in ``simulate``, under the
+    first home's planner). The steps are those ``simulate`` draws with the same seed."""
+    rng = random.Random(seed)
+    batches = [[rng.choice(lengths) for _ in range(global_batch)] for _ in range(steps)]
+    from hotswitch.planner import choose_home
+    recent = [list(b) for b in (start or batches[:1])][-window:]
+    home, _ = choose_home(planner_for, homes, recent)
+    out = {"steps": steps, "tokens": 0, "hot_s": 0.0, "static_s": 0.0, "switch_s": 0.0, "move_s": 0.0,
+           "fixed_s": 0.0, "padded_s": 0.0, "moves": 0, "homes": [], "layouts": {}}
+    times = []
+    first = planner_for(home)
+    for step in batches:
+        planner = planner_for(home)
+        out["homes"].append(planner.candidates[home].name)
+        out["tokens"] += sum(p.length for p in planner.pieces(step))
+        t0 = time.perf_counter()
+        planned = planner.plan(step)
+        times.append(time.perf_counter() - t0)
+        out["hot_s"] += planned.total_seconds
+        out["static_s"] += planned.best_static_seconds
+        out["switch_s"] += switch_share(planned, planner)
+        for ph in planned.phases:
+            out["layouts"][ph.layout.name] = out["layouts"].get(ph.layout.name, 0) + 1
+        if fixed is not None:
+            out["fixed_s"] += first.plan_fixed(step, fixed).total_seconds
+        if first.max_context:
+            out["padded_s"] += padded_static_seconds(first, len(planned.pieces))
+        recent = (recent + [step])[-window:]
+        if len(out["homes"]) == steps:
+            break  # no step left to gain from a move
+        new, _ = choose_home(planner_for, homes, recent, current=home, move_seconds=move_seconds)
+        if new != home:
+            moved = move_seconds(home, new) if move_seconds else 0.0
+            out["hot_s"] += moved
+            out["move_s"] += moved
+            out["switch_s"] += moved
+            out["moves"] += 1
+            home = new
     times.sort()
     out["plan_ms"] = times[len(times) // 2] * 1e3 if times else 0.0
     return out

@@ -3,13 +3,16 @@
     python -m hotswitch.cli.plan --model llama-7b --gpus 32 --gpus-per-node 8 \\
         --hardware a800 --lengths FILE --global-batch 512 --max-context 32768 \\
         [--long-sequences truncate|split|reject] [--recompute auto|none|selective|full,...]
-        [--steps N] [--plot FILE.png]
+        [--steps N] [--plot FILE.png] [--fixed-plan FILE.json]
 
 Lengths files hold one integer per line (tokens of one document). ``--hardware`` takes a
 preset name or a JSON file written by ``HardwareProfile.save`` (e.g. from
 ``python -m hotswitch.calibration``). Switch costs come from ``hotswitch.planner``; nothing
 runs on devices. ``--recompute`` lists the activation recomputation modes the planner may
 give a phase (``auto``: all three); each phase's choice is the table's ``recompute`` column.
+``--fixed-plan`` evaluates a hand-written plan, a JSON list of ``[upper_bound, layout,
+recompute]`` (``hotswitch.planner.load_fixed_plan``), with the same packing and switches, and
+prints it beside the planner's plan and the best static layout.
 """
 
 import argparse
@@ -18,15 +21,17 @@ import sys
 import time
 
 from hotswitch import _C
-from hotswitch.analysis.simulate import simulate, switch_share
+from hotswitch.analysis.simulate import padded_static_seconds, simulate, switch_share
 from hotswitch.data import load_lengths
 from hotswitch.hardware import load_hardware
-from hotswitch.planner import PLANS_UP_TO_WORLD, build_planner, check_candidates, free_planner, plan_choice
+from hotswitch.planner import (PLANS_UP_TO_WORLD, build_planner, check_candidates, choose_home, choose_model_orders,
+                               fixed_plan_entries, free_planner, load_fixed_plan, plan_choice, switch_costs,
+                               with_fixed_layouts)
 
 __all__ = ["main"]
 
 
-def _table(plan, planner, min_gain: float) -> str:
+def _table(plan, planner, min_gain: float = None) -> str:
     pieces = plan.pieces
     rows = [f"{'phase':<6}{'layout':<12}{'recompute':<10}{'seqs':>6}{'lengths':>14}{'micro-b':>9}{'pred s':>9}"
             f"{'est s':>9}{'peak GiB':>9}{'switch in':>10}{'grad s':>9}  grad method"]
@@ -46,7 +51,8 @@ def _table(plan, planner, min_gain: float) -> str:
                 f"best static {static}: {plan.best_static_seconds:.3f} s; "
                 f"speedup over the best static layout packed per sequence "
                 f"{plan.best_static_seconds / plan.total_seconds:.2f}x")
-    rows.append("chosen: " + plan_choice(plan, [c.name for c in planner.candidates], min_gain))
+    if min_gain is not None:
+        rows.append("chosen: " + plan_choice(plan, [c.name for c in planner.candidates], min_gain))
     return "\n".join(rows)
 
 
@@ -69,14 +75,21 @@ def main(argv=None) -> int:
     parser.add_argument("--candidates", default="auto", help='"auto" or layouts, e.g. "dp8,dp2tp4,tp8,dp2cp4"')
     parser.add_argument("--context-parallel-size", type=int, default=1,
                         help="with --candidates auto: the largest cp among the candidates (1: no cp layouts)")
-    parser.add_argument("--home", default=None, help="home layout (default: the best static layout for the "
-                                                     "max context)")
+    parser.add_argument("--home", default="auto",
+                        help='home layout; "auto" (default): the home with the least predicted time over a window of '
+                             '4 batches; "static": the best static layout for the max context, as a Megatron-LM user '
+                             'fixes it')
     parser.add_argument("--switch-costs", default="auto", choices=["auto", "plans", "estimate"],
                         help=f"from redistribution plans or receive volumes (auto: plans up to "
                              f"{PLANS_UP_TO_WORLD} GPUs)")
     parser.add_argument("--steps", type=int, default=0, help="simulate this many steps")
     parser.add_argument("--plot", default=None, help="draw the step's lengths and phases to this PNG file")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fixed-plan", default=None, metavar="FILE.json",
+                        help="evaluate this hand-written plan too: a JSON list of [upper_bound, layout, recompute]")
+    parser.add_argument("--rank-order", default="auto", choices=["auto", "megatron"],
+                        help="auto: each candidate takes the rank order whose switches to and from the home cost "
+                             "least, keeping its tp/cp/pp groups on as few nodes; megatron: tp fastest, then cp, dp, pp")
     parser.add_argument("--min-gain", type=float, default=0.01,
                         help="switch only when the planned phases are predicted at least this fraction faster than "
                              "one phase under the home or best static layout (default 0.01: 1%%)")
@@ -106,11 +119,14 @@ def main(argv=None) -> int:
                                       [t for t in args.candidates.split(",") if t], args.context_parallel_size)
         names = [l.name for l in candidates]
         home = None
-        if args.home is not None:
+        if args.home not in ("auto", "static"):
             wanted = _C.Layout.parse(args.home).name
             if wanted not in names:
                 raise ValueError(f"--home {args.home} is not among the candidates {names}")
             home = names.index(wanted)
+        fixed = None
+        if args.fixed_plan is not None:
+            fixed = load_fixed_plan(args.fixed_plan, args.gpus, model, args.max_context)
         lengths = load_lengths(args.lengths)
     except ValueError as e:
         parser.error(str(e))
@@ -132,7 +148,41 @@ def main(argv=None) -> int:
             home = probe.plan([min(l, args.max_context) for l in batch] + [args.max_context]).best_static_candidate
         except ValueError as e:
             parser.error(str(e))
+    if args.home == "auto":
+        # The home with the least predicted time over a window of batches drawn beside this one.
+        window = [batch] + [[rng.choice(lengths) for _ in range(args.global_batch)] for _ in range(3)]
+        params = switch_costs(model, hardware, topology, candidates, home, method=args.switch_costs)[0]
+        planners = {}
+
+        def planner_for(h):
+            if h not in planners:
+                costs = switch_costs(model, hardware, topology, candidates, h, method=args.switch_costs,
+                                     params_switch=params)
+                planners[h] = build_planner(model, hardware, topology, candidates, h, costs=costs, **options)
+            return planners[h]
+        try:
+            home, totals = choose_home(planner_for, range(len(candidates)), window)
+        except ValueError as e:
+            parser.error(str(e))
+        print(f"home chosen over {len(window)} batches: {candidates[home].name} ({totals[home]:.3f} s predicted; "
+              + ", ".join(f"{candidates[h].name} {t:.3f} s" for h, t in sorted(totals.items(), key=lambda kv: kv[1])[1:4])
+              + ")", file=sys.stderr)
+    if args.rank_order == "auto":
+        # Each candidate's rank order: the one whose switches to and from home cost least.
+        candidates, saved = choose_model_orders(model, hardware, topology, candidates, home, method=args.switch_costs)
+        changed = [f"{c.name} ({s * 1e3:.1f} ms)" for c, s in zip(candidates, saved) if s > 0]
+        print(f"rank orders chosen: {', '.join(changed) if changed else 'Megatron order for every candidate'}"
+              + (" (switch seconds saved per use, there and back)" if changed else ""), file=sys.stderr)
+    if fixed is not None:
+        candidates = with_fixed_layouts(candidates, fixed)
     planner = build_planner(model, hardware, topology, candidates, home, method=args.switch_costs, **options)
+    entries = None
+    if fixed is not None:
+        entries = fixed_plan_entries(fixed, candidates)
+        try:
+            planner.check_fixed_plan(entries)
+        except ValueError as e:
+            parser.error(f"--fixed-plan {args.fixed_plan}: {e}")
     print(f"{len(candidates)} candidate layouts, home {candidates[home].name}, switch costs "
           f"({args.switch_costs}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     t0 = time.perf_counter()
@@ -142,20 +192,34 @@ def main(argv=None) -> int:
         parser.error(str(e))
     elapsed = time.perf_counter() - t0
     print(_table(plan, planner, args.min_gain))
+    padded = padded_static_seconds(planner, len(plan.pieces))
+    print(f"padded static (every sequence padded to {args.max_context} tokens, best layout): {padded:.3f} s; "
+          f"speedup over padded static {padded / plan.total_seconds:.2f}x")
     print(f"planned in {elapsed * 1e3:.1f} ms ({plan.candidates_used} of {len(candidates) * len(modes)} "
           f"(layout, recompute) candidates after dropping dominated ones)")
+    if entries is not None:
+        fixed_step = planner.plan_fixed(batch, entries)
+        print(f"\nfixed plan {args.fixed_plan}:")
+        print(_table(fixed_step, planner))
+        print(f"predicted step: planner {plan.total_seconds:.3f} s, fixed plan {fixed_step.total_seconds:.3f} s, "
+              f"best static layout packed per sequence {plan.best_static_seconds:.3f} s; planner's speedup over "
+              f"the fixed plan {fixed_step.total_seconds / plan.total_seconds:.2f}x")
     if args.plot:
         from hotswitch.analysis.plots import plot_step
         plot_step(plan, planner, args.plot)
         print(f"plot written to {args.plot}")
     if args.steps:
         free = free_planner(planner, **options)
-        sim = simulate(planner, lengths, args.steps, args.global_batch, seed=args.seed + 1, free=free)
+        sim = simulate(planner, lengths, args.steps, args.global_batch, seed=args.seed + 1, free=free, fixed=entries)
         tokens = sim["tokens"]
         print(f"simulated {args.steps} steps: tokens/s hot switching {tokens / sim['hot_s']:,.0f}, "
               f"best static {tokens / sim['static_s']:,.0f}, free switches {tokens / sim['free_s']:,.0f}; "
               f"speedup {sim['static_s'] / sim['hot_s']:.2f}x (upper bound {sim['static_s'] / sim['free_s']:.2f}x); "
-              f"switching {sim['switch_s'] / sim['hot_s']:.1%} of the time; median plan {sim['plan_ms']:.1f} ms")
+              f"switching {sim['switch_s'] / sim['hot_s']:.1%} of the time; median plan {sim['plan_ms']:.1f} ms; "
+              f"speedup over padded static {sim['padded_s'] / sim['hot_s']:.2f}x")
+        if entries is not None:
+            print(f"fixed plan: tokens/s {tokens / sim['fixed_s']:,.0f}; speedup over the fixed plan "
+                  f"{sim['fixed_s'] / sim['hot_s']:.2f}x")
     return 0
 
 

@@ -32,7 +32,7 @@ _STEP = re.compile(r"^predicted step " + _NUM + r" s \(objective " + _NUM + r" s
 _CHOSEN = re.compile(r"^chosen: (planned phases|one phase under \S+) \(" + _NUM + r" s\)")
 _SIM = re.compile(r"^simulated 2 steps: tokens/s hot switching ([\d,]+), best static ([\d,]+), free switches "
                   r"([\d,]+); speedup " + _NUM + r"x \(upper bound " + _NUM + r"x\); switching " + _NUM
-                  + r"% of the time; median plan " + _NUM + r" ms$")
+                  + r"% of the time; median plan " + _NUM + r" ms; speedup over padded static " + _NUM + r"x$")
 
 
 def _match(pattern, lines):
@@ -238,7 +238,7 @@ def test_context_parallel_size_adds_cp_layouts_that_take_the_longest_documents(t
             "--hardware", "h100", "--seed", "1"]
     assert cli.main(argv + ["--context-parallel-size", "8"]) == 0
     out = capsys.readouterr()
-    assert out.err.startswith("20 candidate layouts"), out.err  # 10 without cp, 6 with cp2, 3 with cp4, cp8
+    assert "\n20 candidate layouts" in out.err, out.err  # 10 without cp, 6 with cp2, 3 with cp4, cp8
     phases = [m.groups() for m in map(_PHASE.match, out.out.splitlines()) if m]
     layouts = {p[1]: (int(p[4]), int(p[5])) for p in phases}
     cp = {name: span for name, span in layouts.items() if hs.Layout.parse(name).cp > 1}
