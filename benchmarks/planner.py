@@ -25,6 +25,16 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
   hold the max context, as ``python -m hotswitch.cli.plan`` picks it), and the share of the step spent
   switching; ``sim_speedup_vs_static_min``: the smallest speedup over the per-step best
   static layout among these cases.
+- Rank order: the same simulated steps (first distribution, 8/32/256 GPUs, the home a
+  Megatron-LM user fixes) with every candidate in Megatron's rank order and with the order
+  ``hotswitch.planner.choose_model_orders`` picks: ``switch_seconds_saved_by_order`` (seconds
+  per step), ``switch_share_saved_by_order``, the step's predicted speedup, and the most one
+  use of a reordered candidate saves (``order_saving_per_use_max_s``).
+- Named baselines: ``sim_speedup_vs_padded_static`` (the best static layout with every
+  sequence padded to the max context); with ``--fixed-plan FILE`` (``--fixed-plan-gpus``),
+  ``sim_speedup_vs_fixed`` over that hand-written plan on the same steps. The simulation's
+  home is chosen over a window of batches and moves when it pays
+  (``hotswitch.planner.choose_home``; ``sim_homes``, ``sim_home_moves``).
 - Context parallelism: LLaMA-7B at a 128K context (longer documents truncated), every layout
   with cp up to 8 (a node) and every recompute mode among the candidates, against the same
   without cp layouts (``sim_speedup_cp_vs_no_cp``), and against the home layout fixed for the
@@ -166,6 +176,43 @@ class Setups:
                                                         method=self.method, cache=cache)
             return memo[a, b]
         return seconds
+
+
+def rank_orders(setups, dists, steps, seed, gpu_counts=SIM_GPUS) -> dict:
+    """Switch seconds of planned steps with every candidate in Megatron's rank order and with
+    the order ``hotswitch.planner.choose_model_orders`` picks per candidate (the home's fixed),
+    over the same steps of the first distribution: seconds saved per step and the share."""
+    name, lengths = next(iter(dists.items()))
+    out = {"switch_seconds_saved_by_order": {}, "switch_share_saved_by_order": {},
+           "sim_speedup_order_vs_megatron_order": {}, "orders_changed": {}, "order_saving_per_use_max_s": {},
+           "order_distribution": name}
+    for gpus in gpu_counts:
+        batch = SEQUENCES_PER_GPU * gpus
+        rng = random.Random(seed)
+        home = setups.home(gpus, [rng.choice(lengths) for _ in range(batch)])
+        megatron = setups.planner(gpus, home)
+        topology = hs.Topology(gpus, GPUS_PER_NODE)
+        cache = setups.caches.setdefault(gpus, _C.PlanCache())
+        candidates, saved = planning.choose_model_orders(setups.model, setups.hardware, topology,
+                                                         list(megatron.candidates), home, method=setups.method,
+                                                         cache=cache)
+        ordered = planning.build_planner(setups.model, setups.hardware, topology, candidates, home,
+                                         method=setups.method, **setups.options)
+        a = simulate(megatron, lengths, steps, batch, seed=seed + 1)
+        b = simulate(ordered, lengths, steps, batch, seed=seed + 1)
+        key = str(gpus)
+        out["switch_seconds_saved_by_order"][key] = (a["switch_s"] - b["switch_s"]) / steps
+        out["switch_share_saved_by_order"][key] = (a["switch_s"] - b["switch_s"]) / a["switch_s"] if a["switch_s"] else 0.0
+        out["sim_speedup_order_vs_megatron_order"][key] = a["hot_s"] / b["hot_s"]
+        out["orders_changed"][key] = sum(1 for s in saved if s > 0)
+        # What one use of a reordered candidate saves (switch in, back, gradients home), whether
+        # or not the steps above use it.
+        out["order_saving_per_use_max_s"][key] = max(saved)
+        print(f"rank order, {name}, {gpus} GPUs (home {megatron.candidates[home].name}): {sum(1 for s in saved if s > 0)} "
+              f"of {len(candidates)} candidates change order; switching {a['switch_s'] / steps:.4f} -> "
+              f"{b['switch_s'] / steps:.4f} s per step; step speedup over Megatron's orders "
+              f"{a['hot_s'] / b['hot_s']:.4f}x (predictions)")
+    return out
 
 
 def p50(xs):
@@ -414,6 +461,7 @@ def main(argv=None) -> int:
     if fixed is not None:
         out["fixed_plan"] = args.fixed_plan
         out["sim_speedup_vs_fixed"] = vs_fixed
+    out.update(rank_orders(setups, dists, sim_steps, args.seed))
     out.update(context_parallel(dists, hardware, CP_STEPS_QUICK if args.quick else CP_STEPS, args.seed,
                                 CP_GPUS_QUICK if args.quick else CP_GPUS))
     out["seconds"] = time.perf_counter() - start

@@ -110,6 +110,12 @@ class RuntimeConfig:
     layout); otherwise it runs as that one phase. 0.01: 1%, the size of the cost model's
     error on runs it never saw."""
 
+    fixed_plan: Optional[Union[str, Sequence]] = None
+    """A hand-written plan that replaces the planner's choice every step: a JSON file or a list
+    of ``[upper_bound, layout, recompute]`` entries, bounds increasing
+    (``hotswitch.planner.load_fixed_plan``). Each length runs under the first entry that holds
+    it, with the planner's packing, switches and gradient methods. None: the planner plans."""
+
     recompute_num_layers: int = 1
     """Under full recomputation, the layers of one recomputed chunk: each chunk keeps its input
     only (Megatron-LM's ``--recompute-method uniform --recompute-num-layers``)."""
@@ -126,6 +132,9 @@ class RuntimeConfig:
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not (
                 math.isfinite(self.min_gain) and self.min_gain >= 0):
             raise ValueError(f"min_gain must be a fraction >= 0 (0.01: 1%), got {self.min_gain!r}")
+        if self.fixed_plan is not None:
+            from hotswitch.planner import load_fixed_plan
+            load_fixed_plan(self.fixed_plan, None)  # its form; world, model and memory at the runtime
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         for name in ("max_context", "max_tokens_per_micro_batch", "memory_budget_bytes"):

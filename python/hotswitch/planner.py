@@ -9,7 +9,7 @@ The dry run over these is ``python -m hotswitch.cli.plan``; simulations of many 
 
 import json
 import os
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from hotswitch import _C
 from hotswitch.redistribute import plan_switch
@@ -54,7 +54,7 @@ def plan_choice(plan: "_C.StepPlan", names: List[str], min_gain: float) -> str:
 _RECOMPUTE = ("none", "selective", "full")
 
 
-def load_fixed_plan(source: Union[str, os.PathLike, Sequence], world: int, model=None,
+def load_fixed_plan(source: Union[str, os.PathLike, Sequence], world: Optional[int], model=None,
                     max_context: int = None) -> List[Tuple[int, "_C.Layout", str]]:
     """A fixed plan, the bucket bounds and layouts a HotSPa user writes by hand, from a JSON
     file (or the list it holds): entries ``[upper_bound, layout, recompute]`` or
@@ -64,7 +64,7 @@ def load_fixed_plan(source: Union[str, os.PathLike, Sequence], world: int, model
     a malformed entry, bounds that do not increase, a layout that does not fit ``world`` or the
     model (``model.validate``), or, with ``max_context``, a last bound below it (lengths left
     uncovered). Whether each layout holds its bound in memory is the planner's check
-    (``Planner.plan_fixed``)."""
+    (``Planner.plan_fixed``). ``world`` None: the entries' form alone is checked."""
     where = "fixed plan"
     if isinstance(source, (str, os.PathLike)):
         where = f"fixed plan {os.fspath(source)}"
@@ -101,7 +101,8 @@ def load_fixed_plan(source: Union[str, os.PathLike, Sequence], world: int, model
             raise ValueError(f"{where}, entry {k} {entry!r}: the layout must be a name like \"dp2tp4\", got {name!r}")
         try:
             layout = _C.Layout.parse(name)
-            layout.validate(world)
+            if world is not None:
+                layout.validate(world)
             if model is not None:
                 model.validate(layout)
         except ValueError as e:

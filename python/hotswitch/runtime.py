@@ -39,7 +39,8 @@ from hotswitch.model.config import TransformerConfig
 from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.groups import ParallelGroups, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
-from hotswitch.planner import check_candidates, plan_choice, tensor_switch_costs
+from hotswitch.planner import (check_candidates, fixed_plan_entries, load_fixed_plan, plan_choice, tensor_switch_costs,
+                               with_fixed_layouts)
 from hotswitch.precision import GradScaler
 from hotswitch.config import RuntimeConfig
 from hotswitch.hooks import Hooks
@@ -174,6 +175,10 @@ class Runtime:
         zero, seed = s.zero, s.seed
 
         self.candidates = check_candidates(config, self.world, s.candidates, s.max_cp)
+        fixed = None
+        if s.fixed_plan is not None:
+            fixed = load_fixed_plan(s.fixed_plan, self.world, config, max_context)
+            self.candidates = with_fixed_layouts(self.candidates, fixed)
         hardware = HardwareProfile.preset("a100") if s.hardware is None else s.hardware
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
@@ -193,6 +198,11 @@ class Runtime:
         self._costs = None
         self._switch_scale = 1.0  # measured / planned switch seconds (online re-calibration)
         self.planner = self._build_planner()
+        # A fixed plan's entries over the candidates, refused now when a layout cannot hold its bound.
+        self.fixed_entries = None
+        if fixed is not None:
+            self.fixed_entries = fixed_plan_entries(fixed, self.candidates)
+            self.planner.check_fixed_plan(self.fixed_entries)
 
         # Collective from here on: the same order on every rank.
         # The runtime's own small collectives (batch agreement, loss, checkpoints) give up
@@ -394,7 +404,7 @@ class Runtime:
         if targets == 0:
             raise ValueError(f"the batch has no target tokens: all {len(lengths)} sequences have length 1")
         self._apply_fit()
-        plan = self.planner.plan(lengths)
+        plan = self._plan(lengths)
 
         # The gradients are those of the loss times the loss scale (1 without loss scaling),
         # divided by the batch's target count: the mean over the batch.
@@ -506,7 +516,8 @@ class Runtime:
         if _log.isEnabledFor(logging.INFO):  # the line is built only when it is written
             _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%); "
                       "%s", self.step, len(lengths), sum(lengths), [p.layout for p in phases], predicted, measured,
-                      100 * error, plan_choice(plan, [c.name for c in self.candidates], self.min_gain))
+                      100 * error, "fixed plan" if self.fixed_entries is not None else
+                      plan_choice(plan, [c.name for c in self.candidates], self.min_gain))
         return StepResult(
             step=self.step, loss=loss, skipped=skipped, tokens=sum(lengths), targets=targets,
             seconds=seconds, switch_seconds=switch_total, switch_bytes=switch_bytes,
@@ -574,7 +585,7 @@ class Runtime:
         targets = sum(n - 1 for n in lengths)
         if targets == 0:
             raise ValueError(f"the batch has no target tokens: all {len(lengths)} sequences have length 1")
-        plan = self.planner.plan(lengths)
+        plan = self._plan(lengths)
         loss_sum = torch.zeros(1, dtype=torch.float64)
         current, current_layout = None, None
         for k, ph in enumerate(plan.phases):
@@ -612,6 +623,12 @@ class Runtime:
     _FIT_FIELDS = ("peak_flops", "efficiency", "attention_efficiency", "layer_overhead_seconds",
                    "sequence_overhead_seconds", "intra_node_bandwidth", "inter_node_bandwidth",
                    "intra_node_latency", "inter_node_latency")
+
+    def _plan(self, lengths) -> "_C.StepPlan":
+        """The step's plan: the planner's, or the fixed plan's (RuntimeConfig.fixed_plan)."""
+        if self.fixed_entries is not None:
+            return self.planner.plan_fixed(lengths, self.fixed_entries)
+        return self.planner.plan(lengths)
 
     def _observe(self, plan, lengths, times) -> None:
         """Feeds the step's slowest-rank times to the online calibration (from the second step

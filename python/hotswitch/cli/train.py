@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--min-gain", type=float, default=0.01,
                      help="switch layouts within a step only when the plan is predicted at least this fraction "
                           "faster than the step in one phase under the home or best static layout (0.01: 1%%)")
+    par.add_argument("--fixed-plan", default=None, metavar="FILE.json",
+                     help="run this hand-written plan instead of the planner's: a JSON list of [upper_bound, layout, "
+                          "recompute], bounds increasing (hotswitch.planner.load_fixed_plan)")
     par.add_argument("--timeout", type=float, default=300.0, help="seconds before a stalled peer raises")
     par.add_argument("--no-recalibrate", dest="recalibrate", action="store_false",
                      help="keep the cost model as given (plans, and so runs and resumes, are bit-reproducible)")
@@ -290,7 +293,7 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate,
         clip_grad=args.clip_grad or None, loss_scaling=loss_scaling(args),
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
-        min_gain=args.min_gain)
+        min_gain=args.min_gain, fixed_plan=args.fixed_plan)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

@@ -53,6 +53,28 @@ def test_switching_run_equals_single_process(reference):
     _check_equal(out[0], reference)
 
 
+@pytest.mark.parametrize("zero", [False, True])
+def test_a_fixed_plan_runs_each_length_under_its_layout_and_equals_single_process(reference, zero):
+    # Short sequences under dp4, up to 100 tokens under dp2tp2 (not a candidate: the fixed plan
+    # adds it), the rest under tp2pp2.
+    fixed = [[40, "dp4"], [100, "dp2tp2", "none"], {"upper_bound": 256, "layout": "tp2pp2"}]
+    out = run_world(4, w.train_fixed, ["dp4", "tp2pp2"], fixed, zero, timeout=600)
+    steps = out[0][0]
+    assert all(o[0] == steps for o in out), "ranks report different steps"
+    bounds = {"dp4": (0, 40), "dp2tp2": (40, 100), "tp2pp2": (100, 256)}
+    for (_, layouts, *_), lengths in zip(steps, w.STEPS):
+        wanted = {name for name, (lo, hi) in bounds.items() if any(lo < n <= hi for n in lengths)}
+        assert set(layouts) == wanted, (lengths, layouts)
+    _check_equal(out[0], reference)
+
+
+def test_a_fixed_plan_is_refused_at_construction_naming_the_entry():
+    with pytest.raises(ValueError, match="entry 1"):
+        hs.RuntimeConfig(fixed_plan=[[40, "dp4"], [30, "tp4"]])
+    with pytest.raises(ValueError, match="cannot read it"):
+        hs.RuntimeConfig(fixed_plan="no-such-file.json")
+
+
 def _runtime_methods(zero):
     """What the runtime reports for each of the planner's gradient methods. The home layout's
     own reduction ("local") needs no switch, except under ZeRO, where its partial gradients
