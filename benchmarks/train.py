@@ -156,6 +156,8 @@ def main(argv=None) -> int:
         "switch_share": round(statistics.median(f["switch_share"] for f in measured["hot"]), 4),
         "pred_error_median": round(statistics.median(f["pred_error_median"] for f in measured["hot"]
                                                      if f["pred_error_median"] is not None), 4),
+        # Per step of the last hot run, warm-up included: |predicted - measured| / measured.
+        "pred_error_per_step": [round(e, 4) for e in hot_summary["prediction_errors"]],
         "steps": a.steps,
         "warmup_steps": a.warmup,
         "repeats": a.repeats,

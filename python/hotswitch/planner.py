@@ -196,13 +196,18 @@ def redistribution_seconds(plan, hardware, topology) -> float:
     return max((max(r) for r in load), default=0.0)
 
 
+def _shape(model) -> tuple:
+    """``llama_tensor_set``'s arguments for a ``ModelConfig``."""
+    return (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
+            model.num_query_groups, model.vocab_size)
+
+
 def switch_costs(model, hardware, topology, candidates, home, zero=True, method="auto",
                  cache=None, params_switch=None) -> Tuple[List[List[float]], List[float], List[float]]:
     """Seconds of the switches the planner weighs, per candidate layout, for a ``ModelConfig``:
     bf16 parameters (fp32 when the model's parameters are), fp32 gradients, reduced ones
     ZeRO-sharded over the phase's data group when ``zero``. See ``tensor_switch_costs``."""
-    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
-             model.num_query_groups, model.vocab_size)
+    shape = _shape(model)
     params = llama_tensor_set(*shape, dtype="bfloat16" if model.param_bytes == 2 else "float32")
     grads = llama_tensor_set(*shape, dtype="float32")
     kind = "zero" if zero else "sharded"
@@ -273,8 +278,7 @@ def home_move_seconds(model, hardware, topology, candidates, src: int, dst: int,
     when ``zero``, each switched between the two homes' placements. 0 when src == dst."""
     if src == dst:
         return 0.0
-    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
-             model.num_query_groups, model.vocab_size)
+    shape = _shape(model)
     masters = llama_tensor_set(*shape, dtype="float32")
     kind = "zero" if zero else "sharded"
     a, b = candidates[src], candidates[dst]
@@ -396,8 +400,7 @@ def choose_orders(params, grads, hardware, topology, candidates, home, home_plac
 def choose_model_orders(model, hardware, topology, candidates, home, zero=True, method="auto",
                         cache=None) -> Tuple[List["_C.Layout"], List[float]]:
     """``choose_orders`` for a ``ModelConfig``'s tensors, as ``switch_costs`` prices them."""
-    shape = (model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
-             model.num_query_groups, model.vocab_size)
+    shape = _shape(model)
     params = llama_tensor_set(*shape, dtype="bfloat16" if model.param_bytes == 2 else "float32")
     grads = llama_tensor_set(*shape, dtype="float32")
     kind = "zero" if zero else "sharded"
