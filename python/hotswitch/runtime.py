@@ -17,6 +17,7 @@ The master weights and the optimizer state change only in step 3, so an error in
 (bad input, a dead or stalled peer) leaves them exactly as they were.
 """
 
+import collections
 import dataclasses
 import hashlib
 import logging
@@ -717,6 +718,85 @@ class Runtime:
         for n, g in grads.items():
             acc[n].add_(g)
         return acc
+
+    # ----------------------------------------------------------------------------- home
+
+    def move_home(self, layout) -> int:
+        """Moves the home layout, which holds the master weights, the optimizer's state and the
+        gradient accumulator, to ``layout`` (a candidate, or its name), between steps: the
+        masters and every optimizer state tensor shaped like them (Adam's moments) are switched
+        from the old home's placement to the new one's, bit for bit, and the planner is rebuilt
+        around the new home. Collective; every rank must pass the same layout. Returns the
+        bytes this rank sent.
+
+        ValueError, with nothing changed, for a layout that is not a candidate or differs
+        between ranks; a failed switch raises and leaves the old home and its state intact
+        (nothing is replaced until every tensor has arrived). ``hotswitch.planner.choose_home``
+        says when a move pays."""
+        names = [l.name for l in self.candidates]
+        error, index = None, -1
+        try:
+            target = Layout.parse(layout) if isinstance(layout, str) else layout
+            if not isinstance(target, _C.Layout) or target.name not in names:
+                raise ValueError(f"home layout {layout!r} is not among the candidates {names}")
+            index = names.index(target.name)
+        except ValueError as e:
+            error = e
+        # Every rank learns whether all ranks name the same valid layout.
+        both = torch.tensor([index, -index], dtype=torch.int64)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.control)
+        if error is not None:
+            raise error
+        if int(both[0]) != -int(both[1]):
+            raise ValueError(f"ranks name different home layouts (this rank {names[index]}); every rank must "
+                             f"move the home to the same layout")
+        target = self.candidates[index]
+        if target.name == self.home.name:
+            return 0
+        groups = self.optimizer.param_groups
+        if len(groups) != 1 or len(groups[0]["params"]) != len(self.master):
+            raise ValueError(f"move_home needs an optimizer with the master tensors in one parameter group, got "
+                             f"{len(groups)} groups")
+        old = self.home
+        kind = self.home_placement
+        self._stage = f"moving the home {old.name} -> {target.name}"
+        params = list(self.master.values())
+        states = [self.optimizer.state.get(p, {}) for p in params]
+        # What moves: the masters, and per optimizer state key the tensors shaped like them
+        # (Adam's moments); what is the same for every master (Adam's step) is kept.
+        keys = sorted(k for k in (states[0] if states else {})
+                      if all(isinstance(st.get(k), torch.Tensor) and st[k].shape == p.shape and st[k].dim() > 0
+                             for st, p in zip(states, params)))
+        kept = {k: v for k, v in (states[0] if states else {}).items() if k not in keys}
+
+        def as_shards(tensors):
+            return tensors[0] if self.zero else dict(zip(self.master.keys(), tensors))
+
+        moved, sent = {}, 0
+        for key, tensors in [(None, [p.detach() for p in params])] + \
+                [(k, [st[k] for st in states]) for k in keys]:
+            r = self._switch(as_shards(tensors), old, target, src_kind=kind, dst_kind=kind)
+            moved[key] = {"zero": r.shards} if self.zero else r.shards
+            sent += r.bytes_sent
+        # Every tensor has arrived: only now is anything replaced. The new home's ranks may hold
+        # other tensors (another pipeline stage), so the masters are new parameters.
+        master = {n: torch.nn.Parameter(t) for n, t in moved[None].items()}
+        state = collections.defaultdict(dict)
+        if states and states[0]:
+            for n, p in master.items():
+                state[p] = {**{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kept.items()},
+                            **{k: moved[k][n] for k in keys}}
+        groups[0]["params"] = list(master.values())
+        self.optimizer.state = state
+        self.master = master
+        self.home = target
+        self._owned = None
+        self._models.clear()
+        self._costs = None
+        self.planner = self._build_planner()
+        _log.info("home moved %s -> %s: masters and %d optimizer state tensors each, %d B sent by rank %d",
+                  old.name, target.name, len(keys), sent, self.rank)
+        return sent
 
     # ----------------------------------------------------------------------------- state
 

@@ -75,6 +75,26 @@ def test_a_fixed_plan_is_refused_at_construction_naming_the_entry():
         hs.RuntimeConfig(fixed_plan="no-such-file.json")
 
 
+@pytest.mark.parametrize("zero", [True, False])
+def test_moving_the_home_twice_during_a_run_equals_single_process(reference, zero, tmp_path):
+    # dp4 -> tp2pp2 before step 1, -> pp4 before step 2: the masters and Adam's moments move
+    # between placements that hold different tensors per rank (pipeline stages).
+    moves = {1: "tp2pp2", 2: "pp4"}
+    out = run_world(4, w.train_moving_home, CANDIDATES, zero, moves, str(tmp_path), timeout=600)
+    steps, _, homes, same, round_trip, resumed = out[0]
+    assert all(o[0] == steps for o in out), "ranks report different steps"
+    assert all(o[2] == ["dp4", "tp2pp2", "pp4"] for o in out), homes
+    assert all(o[3] for o in out), "the full weights changed across a move"
+    assert all(o[4] for o in out), "a round trip of the home did not give back the masters and moments bitwise"
+    assert all(o[5] for o in out), "a checkpoint saved after the moves did not resume under another home"
+    _check_equal(out[0], reference)
+
+
+def test_moving_the_home_to_a_layout_that_is_no_candidate_changes_nothing():
+    out = run_world(2, w.move_home_refusals, timeout=300)
+    assert all(o == ["dp2", "dp2"] for o in out), out
+
+
 def _runtime_methods(zero):
     """What the runtime reports for each of the planner's gradient methods. The home layout's
     own reduction ("local") needs no switch, except under ZeRO, where its partial gradients

@@ -53,6 +53,67 @@ def train_fixed(rank, world, candidates, fixed_plan, zero):
     return train(rank, world, candidates, zero=zero, fixed_plan=fixed_plan)
 
 
+def train_moving_home(rank, world, candidates, zero, moves, root):
+    """``train``'s run with the home moved before the steps named in ``moves`` ({step index:
+    layout}); returns the steps, the full weights (rank 0), the homes, whether the full
+    weights stayed bitwise the same across every move, and whether a round trip of the home
+    (there and back) gave back the masters and optimizer state bit for bit; and whether a
+    checkpoint saved under the last home (in ``root``) loads into a runtime homed at dp4 with
+    the same weights and the same next step."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=candidates, home="dp4", hardware=hardware(BUDGET), max_context=MAX_CONTEXT, zero=zero,
+                    seed=7, recalibrate=False,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    out, homes, same = [], [rt.home.name], True
+    round_trip = None
+    for i, lengths in enumerate(STEPS):
+        if i in moves:
+            before = rt.full_weights()
+            if round_trip is None:  # there and back first: every state tensor must come back as it was
+                home = rt.home.name
+                saved = [t.clone() for t in rt.state_dict()["params"]]
+                moments = {k: [rt.optimizer.state[p][k].clone() for p in rt.master.values()]
+                           for k in ("exp_avg", "exp_avg_sq")}
+                rt.move_home(moves[i])
+                rt.move_home(home)
+                round_trip = all(torch.equal(a, b) for a, b in zip(saved, rt.state_dict()["params"])) and all(
+                    torch.equal(a, rt.optimizer.state[p][k]) for k, ts in moments.items()
+                    for a, p in zip(ts, rt.master.values()))
+            rt.move_home(moves[i])
+            homes.append(rt.home.name)
+            after = rt.full_weights()
+            same = same and all(torch.equal(before[n], after[n]) for n in before)
+        r = rt.train_step(batch(lengths, i))
+        out.append((r.loss, r.layouts, [p.grad_method for p in r.phases], r.targets, None))
+    weights = rt.full_weights()
+    path = rt.save_checkpoint(root)
+    fresh = hs.Runtime(cfg, candidates=candidates, home="dp4", hardware=hardware(BUDGET), max_context=MAX_CONTEXT,
+                       zero=zero, seed=3, recalibrate=False,
+                       optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    fresh.load_checkpoint(path)
+    loaded = fresh.full_weights()
+    nxt = batch(STEPS[1], 99)
+    a, b = fresh.train_step(nxt).loss, rt.train_step(nxt).loss  # plans may differ: equal within rounding
+    resumed = all(torch.equal(weights[n], loaded[n]) for n in weights) and abs(a - b) <= 1e-6 * abs(b)
+    return out, _numpy(weights) if rank == 0 else None, homes, same, round_trip, resumed
+
+
+def move_home_refusals(rank, world):
+    """A move to a layout outside the candidates, and moves that differ between ranks, are
+    refused on every rank; the home stays. Returns the home after each refusal."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=["dp2", "tp2"], home="dp2", hardware=hardware(1 << 40), max_context=MAX_CONTEXT,
+                    seed=7, recalibrate=False)
+    homes = []
+    for target in ("pp2", "tp2" if rank == 0 else "dp2"):
+        try:
+            rt.move_home(target)
+        except ValueError:
+            homes.append(rt.home.name)
+    rt.train_step(batch([5, 9], 0))  # still usable
+    return homes
+
+
 def refusals(rank, world, candidates):
     """Bad steps raise ValueError on every rank and leave the master weights untouched."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
