@@ -110,6 +110,12 @@ class RuntimeConfig:
     layout); otherwise it runs as that one phase. 0.01: 1%, the size of the cost model's
     error on runs it never saw."""
 
+    home_window: int = 0
+    """After every step, re-choose the home over the last ``home_window`` batches
+    (``hotswitch.planner.choose_home``) and move it (``Runtime.move_home``: masters and
+    optimizer state, bit for bit) when another home's predicted saving over those batches
+    exceeds the move's cost. 0: the home stays where it started."""
+
     fixed_plan: Optional[Union[str, Sequence]] = None
     """A hand-written plan that replaces the planner's choice every step: a JSON file or a list
     of ``[upper_bound, layout, recompute]`` entries, bounds increasing
@@ -129,6 +135,7 @@ class RuntimeConfig:
         check_int("max_cp", self.max_cp, 1)
         check_choice("recompute", self.recompute, RECOMPUTE_CHOICES)
         check_int("recompute_num_layers", self.recompute_num_layers, 1)
+        check_int("home_window", self.home_window, 0)
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not (
                 math.isfinite(self.min_gain) and self.min_gain >= 0):
             raise ValueError(f"min_gain must be a fraction >= 0 (0.01: 1%), got {self.min_gain!r}")

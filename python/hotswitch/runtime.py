@@ -40,12 +40,12 @@ from hotswitch.model.config import TransformerConfig
 from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.groups import ParallelGroups, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
-from hotswitch.planner import (check_candidates, fixed_plan_entries, load_fixed_plan, plan_choice, tensor_switch_costs,
-                               with_fixed_layouts)
+from hotswitch.planner import (check_candidates, choose_home, fixed_plan_entries, load_fixed_plan, plan_choice,
+                               redistribution_seconds, tensor_switch_costs, with_fixed_layouts)
 from hotswitch.precision import GradScaler
 from hotswitch.config import RuntimeConfig
 from hotswitch.hooks import Hooks
-from hotswitch.redistribute import default_topology, switch
+from hotswitch.redistribute import default_topology, plan_switch, switch
 
 __all__ = ["NonFiniteLoss", "PhaseResult", "Runtime", "StepResult"]
 
@@ -197,6 +197,8 @@ class Runtime:
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
         self.home = self._home(s.home, free)
         self._costs = None
+        self._plan_cache = _C.PlanCache()
+        self._recent = collections.deque(maxlen=max(1, s.home_window))  # the last batches' lengths
         self._switch_scale = 1.0  # measured / planned switch seconds (online re-calibration)
         self.planner = self._build_planner()
         # A fixed plan's entries over the candidates, refused now when a layout cannot hold its bound.
@@ -253,19 +255,25 @@ class Runtime:
             raise ValueError(f"home layout {home!r} is not among the candidates {names}")
         return self.candidates[names.index(layout.name)]
 
-    def _switch_costs(self):
+    def _switch_costs(self, home=None, params_switch=None):
         """Seconds of every switch the planner weighs, from the redistribution plans of this
         model's tensors: parameters between candidates; a phase's gradients into the home
-        accumulator, reduced over its data group first or as partial summands."""
-        home = [l.name for l in self.candidates].index(self.home.name)
+        accumulator (of candidate ``home``; default the home), reduced over its data group
+        first or as partial summands."""
+        if home is None:
+            home = [l.name for l in self.candidates].index(self.home.name)
         return tensor_switch_costs(self.tensor_set, self.tensor_set, self.hardware, self.topology, self.candidates,
-                                   home, home_placement=self.home_placement, method="plans")
+                                   home, home_placement=self.home_placement, method="plans",
+                                   params_switch=params_switch, cache=self._plan_cache)
 
-    def _build_planner(self, cost=None):
-        home = [l.name for l in self.candidates].index(self.home.name)
-        if self._costs is None:
-            self._costs = self._switch_costs()
-        params, reduced, partial = self._costs
+    def _build_planner(self, cost=None, home=None, costs=None):
+        """The planner around the home (or candidate ``home``, with its switch costs ``costs``)."""
+        if home is None:
+            home = [l.name for l in self.candidates].index(self.home.name)
+            if self._costs is None:
+                self._costs = self._switch_costs()
+            costs = self._costs
+        params, reduced, partial = costs
         scale = self._switch_scale
         params = [[c * scale for c in row] for row in params]
         reduced = [c * scale for c in reduced]
@@ -513,6 +521,9 @@ class Runtime:
         self.step += 1
         self.skipped += int(skipped)
         self._observe(plan, lengths, times.tolist())
+        if self.settings.home_window:
+            self._recent.append(lengths)
+            self._rehome()
         self._optimizer_s = optimizer_s
         if _log.isEnabledFor(logging.INFO):  # the line is built only when it is written
             _log.info("step %d: %d sequences, %d tokens, phases %s, predicted %.3f s, measured %.3f s (error %.1f%%); "
@@ -720,6 +731,37 @@ class Runtime:
         return acc
 
     # ----------------------------------------------------------------------------- home
+
+    def _rehome(self) -> None:
+        """After a step, with ``home_window``: the home with the least predicted time over the
+        last batches (``hotswitch.planner.choose_home``, every candidate weighed with its own
+        switch costs), moved to when it saves more over the window than the move costs
+        (three fp32 copies of the parameters, masters and Adam's moments, in the home
+        placement, at the re-calibrated switch scale). Every rank decides alike: the same
+        batches and the agreed cost model."""
+        names = [l.name for l in self.candidates]
+        home = names.index(self.home.name)
+        params = self._costs[0]
+        planners = {home: self.planner}
+
+        def planner_for(h):
+            if h not in planners:
+                planners[h] = self._build_planner(home=h, costs=self._switch_costs(h, params))
+            return planners[h]
+
+        def move_seconds(a, b):
+            plan = plan_switch(self.tensor_set, self.candidates[a], self.candidates[b], src_kind=self.home_placement,
+                               dst_kind=self.home_placement, topology=self.topology, cache=self._plan_cache)
+            return 3 * redistribution_seconds(plan, self.hardware, self.topology) * self._switch_scale
+
+        self._stage = "choosing the home"
+        new, totals = choose_home(planner_for, range(len(names)), list(self._recent), current=home,
+                                  move_seconds=move_seconds)
+        if new != home:
+            _log.info("step %d: home %s -> %s: %.3f s against %.3f s predicted over the last %d batches, a move of "
+                      "%.3f s", self.step, names[home], names[new], totals[new], totals[home], len(self._recent),
+                      move_seconds(home, new))
+            self.move_home(self.candidates[new])
 
     def move_home(self, layout) -> int:
         """Moves the home layout, which holds the master weights, the optimizer's state and the

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--min-gain", type=float, default=0.01,
                      help="switch layouts within a step only when the plan is predicted at least this fraction "
                           "faster than the step in one phase under the home or best static layout (0.01: 1%%)")
+    par.add_argument("--home-window", type=int, default=0, metavar="N",
+                     help="re-choose the home layout over the last N batches after every step and move it (masters "
+                          "and optimizer state) when that saves more than the move costs; 0: the home stays")
     par.add_argument("--fixed-plan", default=None, metavar="FILE.json",
                      help="run this hand-written plan instead of the planner's: a JSON list of [upper_bound, layout, "
                           "recompute], bounds increasing (hotswitch.planner.load_fixed_plan)")
@@ -293,7 +296,7 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate,
         clip_grad=args.clip_grad or None, loss_scaling=loss_scaling(args),
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
-        min_gain=args.min_gain, fixed_plan=args.fixed_plan)
+        min_gain=args.min_gain, fixed_plan=args.fixed_plan, home_window=args.home_window)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

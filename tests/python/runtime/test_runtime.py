@@ -90,6 +90,17 @@ def test_moving_the_home_twice_during_a_run_equals_single_process(reference, zer
     _check_equal(out[0], reference)
 
 
+@pytest.mark.parametrize("zero", [True, False])
+def test_the_runtime_moves_a_poor_home_by_itself_and_equals_single_process(reference, zero):
+    # pp4 holds the masters at first; the steps' short sequences run faster elsewhere, and a
+    # home there saves more than the move over two batches.
+    out = run_world(4, w.train_rehoming, CANDIDATES, zero, "pp4", timeout=600)
+    assert all(o[2] == out[0][2] for o in out), "ranks ended under different homes"
+    assert out[0][2] != "pp4", out[0][2]
+    assert all(o[3] for o in out), "copies of a weight differ between ranks"
+    _check_equal(out[0], reference)
+
+
 def test_moving_the_home_to_a_layout_that_is_no_candidate_changes_nothing():
     out = run_world(2, w.move_home_refusals, timeout=300)
     assert all(o == ["dp2", "dp2"] for o in out), out

@@ -18,7 +18,7 @@ def _numpy(shards):
 
 
 def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, steps=STEPS, recalibrate=False,
-          home=None, budget=BUDGET, fixed_plan=None):
+          home=None, budget=BUDGET, fixed_plan=None, home_window=0):
     """Trains the steps; returns per step (loss, layouts, grad methods, target tokens, and
     without re-calibration the planner's (layout, grad method) of each phase), the full
     weights (rank 0 only), the home layout and whether every copy of a weight is the same.
@@ -28,6 +28,7 @@ def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, st
     budget = budget if world > 1 else 1 << 40
     rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(budget), max_context=MAX_CONTEXT,
                     zero=zero, grad_method=grad_method, seed=7, recalibrate=recalibrate, fixed_plan=fixed_plan,
+                    home_window=home_window,
                     optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
     out = []
     for i, lengths in enumerate(steps):
@@ -46,6 +47,11 @@ def train(rank, world, candidates, zero=False, grad_method="auto", tied=True, st
     copies_equal = (torch.equal(mine, expected) if zero else
                     all(torch.equal(mine[n], expected[n]) for n in mine))
     return out, _numpy(weights) if rank == 0 else None, rt.home.name, copies_equal
+
+
+def train_rehoming(rank, world, candidates, zero, home):
+    """``train`` from ``home`` with the home re-chosen over the last 2 batches after every step."""
+    return train(rank, world, candidates, zero=zero, home=home, home_window=2)
 
 
 def train_fixed(rank, world, candidates, fixed_plan, zero):
