@@ -96,10 +96,10 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="one repetition of 5 steps of 16 sequences (under two minutes)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 8; quick 5)")
-    p.add_argument("--warmup", type=int, default=None, help="steps left out of the figures (default 2; quick 1)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 8)")
+    p.add_argument("--warmup", type=int, default=None, help="steps left out of the figures (default 2)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="repetitions of every run, interleaved; figures are their medians (default 3; quick 1)")
+                   help="repetitions of every run, interleaved; figures are their medians (default 3; quick 2)")
     p.add_argument("--nproc", type=int, default=2, help="ranks (one thread each: keep it <= the cores)")
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--hidden-size", type=int, default=128)
@@ -109,9 +109,9 @@ def main(argv=None) -> int:
                    help="per-rank memory budget the plans respect (48: on 2 ranks tp2 and pp2 hold --seq-length, "
                         "dp2 only shorter sequences)")
     a = p.parse_args(argv)
-    a.steps = a.steps or (5 if a.quick else 8)
-    a.warmup = a.warmup if a.warmup is not None else (1 if a.quick else 2)
-    a.repeats = a.repeats or (1 if a.quick else 3)
+    a.steps = a.steps or 8
+    a.warmup = a.warmup if a.warmup is not None else 2
+    a.repeats = a.repeats or (2 if a.quick else 3)
     a.global_batch_size = a.global_batch_size or (16 if a.quick else 32)
     if a.steps <= a.warmup:
         p.error(f"--steps({a.steps}) must exceed --warmup({a.warmup})")

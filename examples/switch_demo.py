@@ -67,6 +67,7 @@ def _spawned(rank, world, store, args):
                             timeout=timedelta(seconds=120))
     ok = run(rank, world, args)
     dist.barrier()
+    dist.destroy_process_group()
     if not ok:
         sys.exit(1)
 
@@ -79,6 +80,8 @@ def main():
     if "RANK" in os.environ:  # launched by torchrun
         dist.init_process_group("gloo")
         ok = run(dist.get_rank(), dist.get_world_size(), args)
+        dist.barrier()
+        dist.destroy_process_group()
         sys.exit(0 if ok else 1)
     if args.world < 1:
         parser.error(f"--world must be >= 1, got {args.world}")

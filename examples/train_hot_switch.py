@@ -28,3 +28,5 @@ for step in range(5):
     if rank == 0:
         print(f"step {result.step}: loss {result.loss:.3f}, {result.tokens} tokens in {result.seconds:.2f} s, "
               f"phases {' -> '.join(result.layouts)}")
+
+torch.distributed.destroy_process_group()

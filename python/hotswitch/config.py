@@ -116,6 +116,15 @@ class RuntimeConfig:
     optimizer state, bit for bit) when another home's predicted saving over those batches
     exceeds the move's cost. 0: the home stays where it started."""
 
+    trust_error: Optional[float] = 0.25
+    """Protects the run while the cost model learns the machine. A layout other than the home
+    is trusted once a warm phase under it (not its first in this process) ran within this
+    relative error of its predicted compute time, and loses that trust when one does not.
+    A step may try at most one untrusted layout; a layout whose phase disagreed is left out
+    of the next 1, 2, 4, ... steps (doubling with each disagreement) while the re-calibrated
+    model catches up. Applies with ``recalibrate`` (without it the model is fixed and plans
+    are reproducible). None: every layout's prediction is relied on from the first step."""
+
     fixed_plan: Optional[Union[str, Sequence]] = None
     """A hand-written plan that replaces the planner's choice every step: a JSON file or a list
     of ``[upper_bound, layout, recompute]`` entries, bounds increasing
@@ -139,6 +148,9 @@ class RuntimeConfig:
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not (
                 math.isfinite(self.min_gain) and self.min_gain >= 0):
             raise ValueError(f"min_gain must be a fraction >= 0 (0.01: 1%), got {self.min_gain!r}")
+        if self.trust_error is not None and (isinstance(self.trust_error, bool) or not isinstance(
+                self.trust_error, (int, float)) or not (math.isfinite(self.trust_error) and self.trust_error > 0)):
+            raise ValueError(f"trust_error must be a fraction > 0 (0.25: 25%) or None, got {self.trust_error!r}")
         if self.fixed_plan is not None:
             from hotswitch.planner import load_fixed_plan
             load_fixed_plan(self.fixed_plan, None)  # its form; world, model and memory at the runtime

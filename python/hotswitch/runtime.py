@@ -200,7 +200,14 @@ class Runtime:
         self._plan_cache = _C.PlanCache()
         self._recent = collections.deque(maxlen=max(1, s.home_window))  # the last batches' lengths
         self._switch_scale = 1.0  # measured / planned switch seconds (online re-calibration)
+        # Which layouts' predictions have held (RuntimeConfig.trust_error): agreed alike on every
+        # rank, since they follow from the agreed plan and the slowest rank's times.
+        self._warm: Dict[str, int] = {}  # phases run per layout in this process
+        self._trusted: set = set()
+        self._misses: Dict[str, int] = {}  # disagreements per layout
+        self._left_out_until: Dict[str, int] = {}  # a disagreeing layout is not planned before this step
         self.planner = self._build_planner()
+        self._restricted: Dict[frozenset, Planner] = {}  # planners without some layouts, for this planner
         # A fixed plan's entries over the candidates, refused now when a layout cannot hold its bound.
         self.fixed_entries = None
         if fixed is not None:
@@ -266,8 +273,10 @@ class Runtime:
                                    home, home_placement=self.home_placement, method="plans",
                                    params_switch=params_switch, cache=self._plan_cache)
 
-    def _build_planner(self, cost=None, home=None, costs=None):
-        """The planner around the home (or candidate ``home``, with its switch costs ``costs``)."""
+    def _build_planner(self, cost=None, home=None, costs=None, without=()):
+        """The planner around the home (or candidate ``home``, with its switch costs ``costs``);
+        the candidates in ``without`` (indices, never the home) are priced out: no switch
+        enters them."""
         if home is None:
             home = [l.name for l in self.candidates].index(self.home.name)
             if self._costs is None:
@@ -275,7 +284,8 @@ class Runtime:
             costs = self._costs
         params, reduced, partial = costs
         scale = self._switch_scale
-        params = [[c * scale for c in row] for row in params]
+        params = [[_NEVER_S if j in without and j != i else c * scale for j, c in enumerate(row)]
+                  for i, row in enumerate(params)]
         reduced = [c * scale for c in reduced]
         partial = [c * scale for c in partial]
         if self.grad_method == "partial":
@@ -422,9 +432,12 @@ class Runtime:
         accumulator = None
         loss_sum = torch.zeros(1, dtype=torch.float64)
         phases: List[PhaseResult] = []
+        cold = []  # whether each phase is its layout's first in this process
         current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
         for k, ph in enumerate(plan.phases):
             layout = ph.layout
+            cold.append(self._warm.get(layout.name, 0) == 0)
+            self._warm[layout.name] = self._warm.get(layout.name, 0) + 1
             t0 = time.perf_counter()
             params, moved = self._enter(k, layout, current, current_layout)
             switch_s = time.perf_counter() - t0
@@ -521,6 +534,7 @@ class Runtime:
         self.step += 1
         self.skipped += int(skipped)
         self._observe(plan, lengths, times.tolist())
+        self._update_trust(plan, [float(times[2 + 3 * k]) for k in range(len(phases))], cold)
         if self.settings.home_window:
             self._recent.append(lengths)
             self._rehome()
@@ -546,6 +560,8 @@ class Runtime:
     recalibrate = property(lambda self: self.settings.recalibrate)
     nonfinite = property(lambda self: self.settings.nonfinite)
     min_gain = property(lambda self: float(self.settings.min_gain))
+    # Trust protects runs whose model learns online; a fixed model plans reproducibly.
+    _protecting = property(lambda self: self.settings.recalibrate and self.settings.trust_error is not None)
 
     @property
     def updates(self) -> int:
@@ -637,10 +653,70 @@ class Runtime:
                    "intra_node_latency", "inter_node_latency")
 
     def _plan(self, lengths) -> "_C.StepPlan":
-        """The step's plan: the planner's, or the fixed plan's (RuntimeConfig.fixed_plan)."""
+        """The step's plan: the planner's, or the fixed plan's (RuntimeConfig.fixed_plan).
+
+        Under ``trust_error`` the planner plans without the layouts left out after a
+        disagreement, and when its plan relies on more than one untrusted layout it plans
+        again with only the trusted ones and the untrusted one that carries the most
+        predicted compute: a step tries at most one layout the model has not yet got right.
+        Leaving layouts out never makes a step impossible: when the layouts left cannot hold
+        its longest sequences, the step is planned without that restriction."""
         if self.fixed_entries is not None:
             return self.planner.plan_fixed(lengths, self.fixed_entries)
-        return self.planner.plan(lengths)
+        if not self._protecting:
+            return self.planner.plan(lengths)
+        names = [c.name for c in self.candidates]
+        home = names.index(self.home.name)
+        left_out = {names.index(n) for n, until in self._left_out_until.items() if until > self.step + 1} - {home}
+        plan = self._restricted_planner(left_out).plan(lengths)
+        if left_out and plan.total_seconds >= _NEVER_S:
+            plan = self.planner.plan(lengths)
+        work: Dict[int, float] = {}
+        for ph in plan.phases:
+            if ph.candidate != home and names[ph.candidate] not in self._trusted:
+                work[ph.candidate] = work.get(ph.candidate, 0.0) + ph.cost.run_seconds
+        if len(work) <= 1:
+            return plan
+        tried = max(work, key=lambda c: (work[c], -c))
+        untrusted = {i for i, n in enumerate(names) if n not in self._trusted and i not in (home, tried)}
+        _log.info("step %d: the plan relied on %d untrusted layouts %s; trying only %s this step",
+                  self.step + 1, len(work), sorted(names[c] for c in work), names[tried])
+        restricted = self._restricted_planner(left_out | untrusted).plan(lengths)
+        return restricted if restricted.total_seconds < _NEVER_S else plan
+
+    def _restricted_planner(self, without) -> Planner:
+        """The planner with the candidates ``without`` (indices) priced out, built once per set
+        until the planner is rebuilt."""
+        if not without:
+            return self.planner
+        key = frozenset(without)
+        if key not in self._restricted:
+            self._restricted[key] = self._build_planner(without=key)
+        return self._restricted[key]
+
+    def _update_trust(self, plan, compute_s, cold) -> None:
+        """Trusts a layout whose warm phase ran within ``trust_error`` of its predicted compute
+        seconds, and distrusts one that did not: it is left out of the next 1, 2, 4, ... steps.
+        ``compute_s``: each phase's forward and backward seconds on the slowest rank, so that
+        every rank decides alike."""
+        threshold = self.settings.trust_error
+        if not self._protecting:
+            return
+        for ph, measured, was_cold in zip(plan.phases, compute_s, cold):
+            name = ph.layout.name
+            if was_cold or name == self.home.name or measured <= 0:
+                continue
+            error = abs(ph.cost.run_seconds - measured) / measured
+            if error <= threshold:
+                self._trusted.add(name)
+                continue
+            self._trusted.discard(name)
+            misses = self._misses.get(name, 0)
+            self._misses[name] = misses + 1
+            self._left_out_until[name] = self.step + 1 + 2 ** misses
+            _log.info("step %d: %s ran %.3f s against %.3f s predicted (error %.0f%% > %.0f%%): left out until "
+                      "step %d", self.step, name, measured, ph.cost.run_seconds, 100 * error,
+                      100 * threshold, self._left_out_until[name])
 
     def _observe(self, plan, lengths, times) -> None:
         """Feeds the step's slowest-rank times to the online calibration (from the second step
@@ -682,6 +758,7 @@ class Runtime:
         self._switch_scale, self._overhead_s = values[-2], values[-1]
         self.cost = self._cost_model(hardware)
         self.planner = self._build_planner()
+        self._restricted = {}
         self._fit_vector = None
 
     def _grads_home(self, model, layout, ph):
@@ -836,6 +913,7 @@ class Runtime:
         self._models.clear()
         self._costs = None
         self.planner = self._build_planner()
+        self._restricted = {}
         _log.info("home moved %s -> %s: masters and %d optimizer state tensors each, %d B sent by rank %d",
                   old.name, target.name, len(keys), sent, self.rank)
         return sent

@@ -107,9 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--min-gain", type=float, default=0.01,
                      help="switch layouts within a step only when the plan is predicted at least this fraction "
                           "faster than the step in one phase under the home or best static layout (0.01: 1%%)")
-    par.add_argument("--home-window", type=int, default=0, metavar="N",
-                     help="re-choose the home layout over the last N batches after every step and move it (masters "
-                          "and optimizer state) when that saves more than the move costs; 0: the home stays")
+    par.add_argument("--trust-error", type=float, default=0.25, metavar="FRACTION",
+                     help="try at most one layout per step whose measured phase time has not yet come within this "
+                          "fraction of its prediction; a layout that missed is left out of the next 1, 2, 4... "
+                          "steps (0.25: 25%%; with re-calibration)")
+    par.add_argument("--no-trust", dest="trust_error", action="store_const", const=None,
+                     help="rely on every layout's prediction from the first step")
+    par.add_argument("--home-window", type=int, default=None, metavar="N",
+                     help="with --hot-switch, re-choose the home layout over the last N batches after every step and "
+                          "move it (masters and optimizer state) when that saves more than the move costs; 0: the "
+                          "home stays where it started (default: 4, or 0 with --home-layout)")
     par.add_argument("--fixed-plan", default=None, metavar="FILE.json",
                      help="run this hand-written plan instead of the planner's: a JSON list of [upper_bound, layout, "
                           "recompute], bounds increasing (hotswitch.planner.load_fixed_plan)")
@@ -296,7 +303,9 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         zero=args.use_distributed_optimizer, seed=args.seed, timeout=args.timeout, recalibrate=args.recalibrate,
         clip_grad=args.clip_grad or None, loss_scaling=loss_scaling(args),
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
-        min_gain=args.min_gain, fixed_plan=args.fixed_plan, home_window=args.home_window)
+        min_gain=args.min_gain, fixed_plan=args.fixed_plan,
+        home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
+        trust_error=args.trust_error)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:
@@ -445,6 +454,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 json.dump(summary, f, indent=1)
     log.debug("rank %d done", rank)
     dist.barrier()
+    # End the process group as torchrun scripts do: left to interpreter exit, gloo's teardown
+    # aborts a rank now and then ("terminate called without an active exception").
+    dist.destroy_process_group()
     return 0
 
 

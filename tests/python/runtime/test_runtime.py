@@ -173,6 +173,61 @@ def test_recalibrated_run_plans_alike_on_every_rank_and_equals_single_process(re
     _check_equal((steps, out[0][1]), reference)
 
 
+def _check_steps_equal(steps, weights, reference):
+    ref_steps, ref_weights = reference[:2]
+    for (loss, layouts, *_, targets), (ref_loss, *_, ref_targets, _) in zip(steps, ref_steps):
+        assert targets == ref_targets
+        assert abs(loss - ref_loss) <= TOL * abs(ref_loss), (layouts, loss, ref_loss)
+    assert _max_diff(weights, ref_weights) <= TOL
+
+
+@pytest.fixture(scope="module")
+def long_reference():
+    return run_world(1, w.train, "auto", False, "auto", True, LONG_STEPS, timeout=300)[0]
+
+
+LONG_STEPS = w.STEPS + w.STEPS[1:]
+
+
+@pytest.mark.parametrize("trust_error", [1e-9, 0.25])
+def test_a_step_tries_at_most_one_untrusted_layout_and_leaves_out_those_that_missed(long_reference, trust_error):
+    # Home tp2pp2 holds every length, so any other layout can be left out. 1e-9: no phase is
+    # ever predicted that closely, so no layout is ever trusted: every step may try one layout
+    # beside the home, and each one that ran warm sits out the steps after.
+    out = run_world(4, w.train_trusting, CANDIDATES, trust_error, "tp2pp2", LONG_STEPS, timeout=600)
+    steps = out[0][0]
+    assert all([s[:4] for s in o[0]] == [s[:4] for s in steps] for o in out), "ranks planned differently"
+    tried = set()
+    for i, (_, layouts, trusted, left_out, _) in enumerate(steps):
+        untrusted = {l for l in layouts if l != "tp2pp2" and l not in trusted}
+        assert len(untrusted) <= 1, (i, layouts, trusted)
+        assert not set(layouts) & set(left_out), (i, layouts, left_out)
+        if trust_error < 1e-6:
+            assert trusted == [], trusted
+        tried |= untrusted
+    assert tried, "no layout beside the home was ever tried"
+    if trust_error < 1e-6:
+        assert any(left_out for _, _, _, left_out, _ in steps), steps
+    _check_steps_equal(steps, out[0][1], long_reference)
+
+
+def test_a_left_out_layout_still_runs_the_sequences_only_it_holds(reference):
+    # Home dp4 holds only the short sequences; the long ones need pp4 or tp2pp2 even while
+    # they are left out, and the steps still run.
+    out = run_world(4, w.train_trusting, CANDIDATES, 1e-9, "dp4", timeout=600)
+    steps = out[0][0]
+    for i, (_, layouts, trusted, left_out, _) in enumerate(steps):
+        assert len({l for l in layouts if l != "dp4"}) <= 1, (i, layouts)
+    assert any(set(layouts) & set(left_out) for _, layouts, _, left_out, _ in steps), steps
+    _check_steps_equal(steps, out[0][1], reference)
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, float("nan"), True, "0.2"])
+def test_a_bad_trust_error_is_refused(bad):
+    with pytest.raises(ValueError, match="trust_error"):
+        hs.RuntimeConfig(trust_error=bad)
+
+
 def test_switching_into_a_pipeline_layout_in_the_middle_of_a_step(reference):
     # Home dp4, whose phase runs first: its short sequences run there, then the parameters
     # switch from the running dp4 model (not from the master weights) into a pipeline layout

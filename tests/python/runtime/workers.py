@@ -54,6 +54,23 @@ def train_rehoming(rank, world, candidates, zero, home):
     return train(rank, world, candidates, zero=zero, home=home, home_window=2)
 
 
+def train_trusting(rank, world, candidates, trust_error, home, steps=STEPS):
+    """A re-calibrating run from ``home`` under ``trust_error``; per step: (loss, layouts, the
+    layouts trusted before it, the layouts left out of it), then the full weights (rank 0)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(BUDGET), max_context=MAX_CONTEXT,
+                    seed=7, recalibrate=True, trust_error=trust_error,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    out = []
+    for i, lengths in enumerate(steps):
+        trusted = sorted(rt._trusted)
+        left_out = sorted(n for n, until in rt._left_out_until.items() if until > rt.step + 1)
+        r = rt.train_step(batch(lengths, i))
+        out.append((r.loss, r.layouts, trusted, left_out, r.targets))
+    weights = rt.full_weights()  # collective
+    return out, _numpy(weights) if rank == 0 else None
+
+
 def train_fixed(rank, world, candidates, fixed_plan, zero):
     """``train`` under a fixed plan."""
     return train(rank, world, candidates, zero=zero, fixed_plan=fixed_plan)
