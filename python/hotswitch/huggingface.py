@@ -23,21 +23,52 @@ would change the model. ``permute_rotary`` converts Meta-layout q/k rows for the
 that needs it. Query head ``i`` reads key/value head ``i // (heads / kv_heads)`` in both.
 """
 
+import dataclasses
 import json
 import os
-from typing import Dict, Optional, Tuple
+import shutil
+from typing import Dict, List, Optional, Tuple
 
+import safetensors
+import safetensors.torch
 import torch
 
 from hotswitch._checks import read_json_object
-from hotswitch.safetensors import load_file, save_file
 from hotswitch.model.config import TransformerConfig
 
 __all__ = ["config_from_hf", "config_from_tensors", "config_to_hf", "from_hf", "load_hf", "permute_rotary",
-           "save_hf", "to_hf"]
+           "save_hf", "to_hf", "TOKENIZER_FILES"]
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+GENERATION = "generation_config.json"
+# The tokenizer files a Hugging Face model directory ships with, copied on export when present.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt")
+DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
+
+
+def read_safetensors(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """``(name -> tensor, metadata)`` of a safetensors file, through the ``safetensors``
+    library (memory-mapped while read); ValueError naming the file for anything it refuses."""
+    try:
+        with safetensors.safe_open(path, framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except (safetensors.SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+
+
+def write_safetensors(tensors: Dict[str, torch.Tensor], path: str, metadata: Optional[Dict[str, str]] = None) -> None:
+    """Writes ``tensors`` with the ``safetensors`` library to a temporary file, then renames
+    it: a reader never sees half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        safetensors.torch.save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata)
+    except (safetensors.SafetensorError, ValueError, TypeError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ValueError(f"{path}: cannot write safetensors ({type(e).__name__}: {e})") from None
+    os.replace(tmp, path)
 
 
 def permute_rotary(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -65,12 +96,15 @@ def config_to_hf(config: TransformerConfig) -> dict:
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": config.rope_scaling_dict,
+        # transformers 5 names both together; 4.x reads rope_theta and rope_scaling above.
+        "rope_parameters": dict(config.rope_scaling_dict or {"rope_type": "default"}, rope_theta=config.rope_theta),
         "tie_word_embeddings": config.tied_embedding,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": config.dtype,
+        "dtype": config.dtype,
     }
 
 
@@ -79,14 +113,22 @@ def config_from_hf(hf: dict, where: str = "config.json", dtype: Optional[str] = 
     naming ``where`` and the key for a missing value or a feature hotswitch's model lacks."""
     if hf.get("model_type", "llama") != "llama":
         raise ValueError(f"{where}: model_type {hf.get('model_type')!r} is not 'llama'")
-    for key, ok in (("hidden_act", ("silu",)), ("attention_bias", (False,)), ("mlp_bias", (False,)),
-                    ("rope_scaling", (None,))):
+    for key, ok in (("hidden_act", ("silu",)), ("attention_bias", (False,)), ("mlp_bias", (False,))):
         if key in hf and hf[key] not in ok:
             raise ValueError(f"{where}: {key} {hf[key]!r} is not supported (expected {ok[0]!r})")
     missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
                            "vocab_size", "max_position_embeddings") if k not in hf]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
+    theta, scaling = hf.get("rope_theta", 10000.0), hf.get("rope_scaling")
+    if isinstance(hf.get("rope_parameters"), dict):  # transformers 5
+        scaling = dict(hf["rope_parameters"])
+        theta = scaling.pop("rope_theta", theta)
+        if scaling.get("rope_type", scaling.get("type")) == "default":
+            scaling = None
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) != "llama3":
+        raise ValueError(f"{where}: rope type {scaling.get('rope_type', scaling.get('type'))!r} is not supported "
+                         f"(expected 'default' or 'llama3')")
     heads = hf["num_attention_heads"]
     if "head_dim" in hf and isinstance(heads, int) and heads > 0 and hf["head_dim"] != hf["hidden_size"] // heads:
         raise ValueError(f"{where}: head_dim {hf['head_dim']!r} differs from hidden_size({hf['hidden_size']}) / "
@@ -97,8 +139,8 @@ def config_from_hf(hf: dict, where: str = "config.json", dtype: Optional[str] = 
             num_query_groups=hf.get("num_key_value_heads") or heads, ffn_hidden_size=hf["intermediate_size"],
             vocab_size=hf["vocab_size"], max_position_embeddings=hf["max_position_embeddings"],
             tied_embedding=bool(hf.get("tie_word_embeddings", False)),
-            rope_theta=float(hf.get("rope_theta", 10000.0)), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            dtype=dtype or hf.get("torch_dtype") or "float32")
+            rope_theta=float(theta), norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_scaling=scaling,
+            dtype=dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32")
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
 
@@ -247,7 +289,7 @@ def load_hf(directory: str, dtype: Optional[str] = None) -> Tuple[Dict[str, torc
     hf: Dict[str, torch.Tensor] = {}
     for name in files:
         path = os.path.join(directory, name)
-        tensors, _ = load_file(path)
+        tensors, _ = read_safetensors(path)
         for k, v in tensors.items():
             if k in hf:
                 raise ValueError(f"{path}: tensor {k!r} is also in another shard")
@@ -265,11 +307,83 @@ def load_hf(directory: str, dtype: Optional[str] = None) -> Tuple[Dict[str, torc
     return {k: v.to(target) for k, v in tensors.items()}, config
 
 
-def save_hf(directory: str, tensors: Dict[str, torch.Tensor], config: TransformerConfig) -> list:
-    """Writes ``config.json`` and ``model.safetensors`` (metadata ``{"format": "pt"}``) of
-    hotswitch's full tensors into ``directory``; returns the paths written."""
-    os.makedirs(directory, exist_ok=True)
+def _shards(hf: Dict[str, torch.Tensor], max_shard_bytes: int) -> List[Dict[str, torch.Tensor]]:
+    """The tensors in order, cut into shards of at most ``max_shard_bytes`` (a larger tensor
+    gets a shard of its own), as ``transformers``' ``save_pretrained`` cuts them."""
+    shards: List[Dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in hf.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def save_hf(directory: str, tensors: Dict[str, torch.Tensor], config: TransformerConfig,
+            max_shard_bytes: int = DEFAULT_SHARD_BYTES, vocab_size: Optional[int] = None,
+            tokenizer: Optional[str] = None) -> list:
+    """Writes a Hugging Face LLaMA model directory of hotswitch's full tensors, as
+    ``save_pretrained`` does: ``config.json``, ``generation_config.json`` and the weights in
+    safetensors (metadata ``{"format": "pt"}``): one ``model.safetensors``, or shards
+    ``model-0000K-of-0000N.safetensors`` of at most ``max_shard_bytes`` each with
+    ``model.safetensors.index.json``. ``vocab_size``: the tokenizer's own vocabulary, when the
+    model's is padded (Megatron's ``--make-vocab-size-divisible-by``): the embedding and head
+    rows beyond it are dropped. ``tokenizer``: a directory (or one file) whose tokenizer files
+    (``TOKENIZER_FILES``) are copied alongside. Returns the paths written."""
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be a positive int, got {max_shard_bytes!r}")
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                   or not 1 <= vocab_size <= config.vocab_size):
+        raise ValueError(f"vocab_size must be an int in [1, {config.vocab_size}] (the model's padded vocabulary), "
+                         f"got {vocab_size!r}")
+    sources = []
+    if tokenizer is not None:
+        if os.path.isdir(tokenizer):
+            sources = [os.path.join(tokenizer, n) for n in TOKENIZER_FILES if os.path.isfile(os.path.join(tokenizer, n))]
+        elif os.path.isfile(tokenizer):
+            sources = [tokenizer]
+        if not sources:
+            raise ValueError(f"tokenizer {tokenizer!r} holds none of {', '.join(TOKENIZER_FILES)}")
     hf = to_hf(tensors, config)
-    path = os.path.join(directory, WEIGHTS)
-    save_file(hf, path, metadata={"format": "pt"})
-    return [write_hf_config(directory, config), path]
+    if vocab_size is not None and vocab_size < config.vocab_size:
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in hf:
+                hf[name] = hf[name][:vocab_size]
+        config = dataclasses.replace(config, vocab_size=vocab_size)
+    os.makedirs(directory, exist_ok=True)
+    shards = _shards(hf, max_shard_bytes)
+    written = [write_hf_config(directory, config)]
+    generation = os.path.join(directory, GENERATION)
+    with open(generation, "w") as f:
+        json.dump({"_from_model_config": True}, f, indent=2)
+        f.write("\n")
+    written.append(generation)
+    if len(shards) == 1:
+        names = [WEIGHTS]
+    else:
+        names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    for name, shard in zip(names, shards):
+        path = os.path.join(directory, name)
+        write_safetensors(shard, path, metadata={"format": "pt"})
+        written.append(path)
+    stale = [n for n in os.listdir(directory) if n.endswith(".safetensors") and n not in names] + \
+        ([INDEX] if len(shards) == 1 and os.path.exists(os.path.join(directory, INDEX)) else [])
+    for n in stale:  # an earlier export's shards would mix with these
+        os.remove(os.path.join(directory, n))
+    if len(shards) > 1:
+        index = os.path.join(directory, INDEX)
+        total = sum(t.numel() * t.element_size() for t in hf.values())
+        with open(index + ".tmp", "w") as f:
+            json.dump({"metadata": {"total_size": total},
+                       "weight_map": {k: n for n, shard in zip(names, shards) for k in shard}}, f, indent=2)
+            f.write("\n")
+        os.replace(index + ".tmp", index)
+        written.append(index)
+    for src in sources:
+        dst = os.path.join(directory, os.path.basename(src))
+        shutil.copyfile(src, dst)
+        written.append(dst)
+    return written

@@ -10,7 +10,11 @@ sizes come from the checkpoint (``python -m hotswitch.train`` saves them); for c
 without them, give ``--num-attention-heads`` and ``--max-position-embeddings``. Coming in,
 the result is a weights-only checkpoint that ``python -m hotswitch.train --load`` starts from
 (under any layout; the optimizer starts afresh). Values are copied bit for bit unless
-``--dtype`` casts them. See ``hotswitch.huggingface`` for the names and the rotary layout.
+``--dtype`` casts them (``--dtype bfloat16`` for a bf16 release). Going out, the weights are
+cut into shards of ``--max-shard-size`` with ``model.safetensors.index.json``, as
+``save_pretrained`` writes them; ``--vocab-size`` drops the padded vocabulary rows; and
+``--tokenizer-model`` copies the tokenizer files beside them. See ``hotswitch.huggingface`` for
+the names and the rotary layout.
 """
 
 import argparse
@@ -34,12 +38,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", required=True, help="a hotswitch checkpoint or a Hugging Face model directory")
     p.add_argument("--save", required=True, help="the Hugging Face directory or checkpoint root to write")
     p.add_argument("--dtype", default=None, choices=DTYPES, help="cast the weights (default: as stored)")
+    p.add_argument("--max-shard-size", default="5GB", type=_size,
+                   help="largest safetensors shard going out: bytes, or with a KB/MB/GB suffix (default %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="going out, the tokenizer's vocabulary: embedding and head rows beyond it (padding) are "
+                        "dropped (default: all rows)")
+    p.add_argument("--tokenizer-model", default=None, metavar="DIR_OR_FILE",
+                   help="going out, copy this tokenizer's files (tokenizer.json, tokenizer.model, ...) beside the "
+                        "weights")
     m = p.add_argument_group("model, for checkpoints that do not record it")
     m.add_argument("--num-attention-heads", type=int, default=None)
     m.add_argument("--max-position-embeddings", type=int, default=None)
     m.add_argument("--rotary-base", type=float, default=10000.0, help="rope_theta")
     m.add_argument("--norm-epsilon", type=float, default=1e-5, help="rms_norm_eps")
     return p
+
+
+def _size(text: str) -> int:
+    """``"5GB"``, ``"500MB"``, ``"1000"``: bytes (decimal units, as transformers counts)."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
+    t = text.strip().upper()
+    for suffix, scale in units.items():
+        if t.endswith(suffix):
+            number, unit = t[:-len(suffix)], scale
+            break
+    else:
+        number, unit = t, 1
+    try:
+        value = int(float(number) * unit)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with KB, MB or GB)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a shard must hold at least 1 byte")
+    return value
 
 
 def _config(args, meta: dict, tensors, where: str) -> TransformerConfig:
@@ -70,7 +101,8 @@ def convert(args) -> str:
         if args.dtype is not None:
             tensors = {k: v.to(getattr(torch, args.dtype)) for k, v in tensors.items()}
             config = dataclasses.replace(config, dtype=args.dtype)
-        written = save_hf(args.save, tensors, config)
+        written = save_hf(args.save, tensors, config, max_shard_bytes=args.max_shard_size,
+                          vocab_size=args.vocab_size, tokenizer=args.tokenizer_model)
         return f"{len(tensors)} tensors of checkpoint {src} (step {meta['step']}) -> {', '.join(written)}"
     raise ValueError(f"--load {src!r} holds neither config.json (a Hugging Face model) nor metadata.json or "
                      "latest (a hotswitch checkpoint)")

@@ -17,6 +17,36 @@ def _positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+ROPE_SCALING_KEYS = ("factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings", "rope_type")
+
+
+def _rope_scaling(value) -> Optional[tuple]:
+    """``rope_scaling`` as a sorted tuple of pairs, checked; ValueError naming what is wrong."""
+    if value is None:
+        return None
+    try:
+        d = dict(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"rope_scaling must be None or a dict, got {value!r}") from None
+    d.setdefault("rope_type", d.pop("type", None))  # older config.json files say "type"
+    if d["rope_type"] != "llama3":
+        raise ValueError(f"rope_scaling type {d['rope_type']!r} is not supported (expected 'llama3' or None)")
+    missing = sorted(set(ROPE_SCALING_KEYS) - set(d))
+    extra = sorted(set(d) - set(ROPE_SCALING_KEYS))
+    if missing or extra:
+        raise ValueError(f"rope_scaling {value!r}: " + "; ".join(
+            ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unknown {', '.join(extra)}"] if extra else [])))
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        if isinstance(d[key], bool) or not isinstance(d[key], (int, float)) or not d[key] > 0:
+            raise ValueError(f"rope_scaling {key} must be a positive number, got {d[key]!r}")
+        d[key] = float(d[key])
+    if not d["high_freq_factor"] > d["low_freq_factor"]:
+        raise ValueError(f"rope_scaling high_freq_factor({d['high_freq_factor']}) must exceed "
+                         f"low_freq_factor({d['low_freq_factor']})")
+    _positive_int("rope_scaling original_max_position_embeddings", d["original_max_position_embeddings"])
+    return tuple(sorted(d.items()))
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """A LLaMA-style decoder: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention.
@@ -34,6 +64,11 @@ class TransformerConfig:
     ``torch.autocast``, while the parameters (the fp32 master weights), their gradients, the
     residual stream, the norms and the loss stay in fp32 (Megatron's ``--bf16``/``--fp16``;
     fp16 wants loss scaling, ``RuntimeConfig.loss_scaling``).
+
+    ``rope_scaling``: ``None``, or LLaMA 3.1's frequency scaling of the rotary embeddings as
+    Hugging Face's ``config.json`` writes it, a dict ``{"rope_type": "llama3", "factor",
+    "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}``; held as a
+    sorted tuple of pairs (``rope_scaling_dict`` gives the dict back).
     """
 
     num_layers: int
@@ -49,8 +84,10 @@ class TransformerConfig:
     dtype: str = "float32"
     init_std: float = 0.02
     compute_dtype: Optional[str] = None
+    rope_scaling: Optional[tuple] = None
 
     def __post_init__(self):
+        object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling))
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                      "ffn_hidden_size", "vocab_size", "max_position_embeddings"):
             _positive_int(name, getattr(self, name))
@@ -76,6 +113,10 @@ class TransformerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+    @property
+    def rope_scaling_dict(self) -> Optional[dict]:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
 
     @property
     def head_dim(self) -> int:

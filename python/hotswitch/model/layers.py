@@ -5,6 +5,9 @@ Shapes are local to this rank: ``tp`` splits a column-parallel weight ``[out, in
 along ``in`` (each rank computes a partial sum over its ``in / tp`` inputs).
 """
 
+import math
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -12,7 +15,7 @@ import torch.nn.functional as F
 
 from hotswitch.model.comm import all_reduce
 
-__all__ = ["Shard", "rms_norm", "rotary_tables", "apply_rotary", "vocab_parallel_embedding",
+__all__ = ["Shard", "rms_norm", "rotary_tables", "llama3_frequencies", "apply_rotary", "vocab_parallel_embedding",
            "vocab_parallel_cross_entropy"]
 
 
@@ -35,12 +38,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y.to(x.dtype) * weight
 
 
-def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """``cos, sin`` of shape ``[T, head_dim / 2]`` for int64 ``positions`` ``[T]``."""
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                  scaling: Optional[dict] = None):
+    """``cos, sin`` of shape ``[T, head_dim / 2]`` for int64 ``positions`` ``[T]``;
+    ``scaling``: LLaMA 3.1's frequency scaling (``TransformerConfig.rope_scaling_dict``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
                                              device=positions.device) / head_dim))
+    if scaling is not None:
+        inv_freq = llama3_frequencies(inv_freq, scaling)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """LLaMA 3.1's rotary frequencies: wavelengths beyond ``original_max_position_embeddings /
+    low_freq_factor`` are slowed by ``factor``, those below ``... / high_freq_factor`` kept,
+    and the band between blended smoothly (Meta's ``apply_scaling``)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= context / high) & (wavelen <= context / low)
+    return torch.where(medium, blended, scaled)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

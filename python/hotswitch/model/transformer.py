@@ -83,7 +83,7 @@ class PackContext:
         self.targets = targets.to(device)
         self.weights = weights.to(device)
         self.cos, self.sin = rotary_tables(positions.to(device), config.head_dim, config.rope_theta,
-                                           getattr(torch, config.dtype))
+                                           getattr(torch, config.dtype), config.rope_scaling_dict)
         self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
 
     def _init_context(self, mb, config, tp, device, kernel, cp, cp_rank, cp_gather) -> None:
@@ -108,7 +108,7 @@ class PackContext:
         self.targets = targets.to(device)
         self.weights = weights.to(device)
         self.cos, self.sin = rotary_tables(split.positions.to(device), config.head_dim, config.rope_theta,
-                                           getattr(torch, config.dtype))
+                                           getattr(torch, config.dtype), config.rope_scaling_dict)
         self.attention = ContextAttention(split, cp_gather, kernel, config.num_attention_heads // tp, device)
 
 

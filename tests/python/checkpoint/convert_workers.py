@@ -32,3 +32,21 @@ def train_from(rank, world, path, tied, home=None):
     rt.load_checkpoint(path)
     losses = [rt.train_step(b).loss for b in BATCHES]
     return losses, {k: v.numpy().copy() for k, v in rt.full_weights().items()}
+
+
+def evaluate_and_train(rank, world, path, home=None):
+    """Builds the model a checkpoint records (``extra.model``), loads it and returns (the
+    loss of each sequence of BATCHES[0] on its own, forward only; the losses of training on
+    BATCHES; the full weights as numpy arrays)."""
+    from hotswitch.checkpoint import read_tensors
+
+    _, meta = read_tensors(path)
+    cfg = hs.TransformerConfig(**meta["extra"]["model"])
+    candidates = "auto" if world == 1 else [hs.Layout.parse(home)]
+    rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=rw.hardware(1 << 40), max_context=64,
+                    seed=7, recalibrate=False,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, eps=1e-6, weight_decay=0.1))
+    rt.load_checkpoint(path)
+    singles = [rt.evaluate([seq]) for seq in BATCHES[0]]
+    losses = [rt.train_step(b).loss for b in BATCHES]
+    return singles, losses, {k: v.numpy().copy() for k, v in rt.full_weights().items()}
