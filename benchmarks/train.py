@@ -76,7 +76,9 @@ def _static_candidates(a, world: int):
     with open(PROFILE) as f:
         fields = dict(json.load(f), memory_bytes=int(a.budget_mb * 2**20))
     hw = _C.HardwareProfile.from_dict(fields)
-    ffn = -(-8 * a.hidden_size // 3 // 64) * 64
+    from hotswitch.cli.train import default_ffn_hidden_size
+
+    ffn = default_ffn_hidden_size(a.hidden_size)
     cfg = hs.TransformerConfig(num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=4,
                                num_query_groups=4, ffn_hidden_size=ffn, vocab_size=384,
                                max_position_embeddings=a.seq_length)

@@ -29,8 +29,6 @@ The profile plans exactly like a preset: ``save_profile(profile, "hw.json")``, t
 Command line: ``python -m hotswitch.calibration --out hw.json [--quick]``.
 """
 
-import itertools
-import math
 import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -186,21 +184,11 @@ def _run_ranks(world: int, spec: dict, timeout: float) -> List[dict]:
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """min |a x - b| over x >= 0, exactly: the best non-negative least-squares solution over
-    every subset of free columns (a handful of columns here)."""
-    n = a.shape[1]
-    best, best_x = math.inf, np.zeros(n)
-    for k in range(1, n + 1):
-        for cols in itertools.combinations(range(n), k):
-            sub = a[:, cols]
-            x, *_ = np.linalg.lstsq(sub, b, rcond=None)
-            if np.any(x < 0):
-                continue
-            residual = float(np.sum((sub @ x - b) ** 2))
-            if residual < best:
-                best, best_x = residual, np.zeros(n)
-                best_x[list(cols)] = x
-    return best_x
+    """min |a x - b| over x >= 0 (``scipy.optimize.nnls``)."""
+    from scipy.optimize import nnls
+
+    x, _ = nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    return x
 
 
 def _profile(base: dict, **fields) -> "_C.HardwareProfile":

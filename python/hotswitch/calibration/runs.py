@@ -531,11 +531,14 @@ def fit_fields(seconds: Callable[["_C.HardwareProfile"], np.ndarray], measured_s
                base: "_C.HardwareProfile", names: Sequence[str], iterations: int = 60,
                name: str = "fitted") -> Tuple["_C.HardwareProfile", dict]:
     """The profile whose fields ``names`` (of ``FITTED``; every other field is ``base``'s)
-    minimise sum (log seconds(profile) - log measured_s)^2: damped Gauss-Newton, each field
-    moving on the log of its value within its bounds, from a fixed start (``_START``).
+    minimise sum (log seconds(profile) - log measured_s)^2: ``scipy.optimize.least_squares``
+    (trust-region reflective, bounded), each field moving on the log of its value within its
+    bounds, from a fixed start (``_START``), for at most ``iterations`` Jacobians.
     ``seconds`` maps a profile to the predicted seconds of every measurement. Returns
     ``(profile, report)``; report: ``fitted`` (field -> value), ``bounds``, ``iterations``,
     ``rms_log_error``."""
+    from scipy.optimize import least_squares
+
     base_fields = base.to_dict()
     measured = np.log(np.asarray(measured_s, dtype=float))
     bounds = _bounds(base_fields)
@@ -557,33 +560,12 @@ def fit_fields(seconds: Callable[["_C.HardwareProfile"], np.ndarray], measured_s
     def residuals(z: np.ndarray) -> np.ndarray:
         return np.log(seconds(_C.HardwareProfile.from_dict(decode(z)))) - measured
 
-    z = np.clip((np.log(np.array([start[n] for n in names]) + offset) - lo) / (hi - lo), 0.0, 1.0)
-    r = residuals(z)
+    z0 = np.clip((np.log(np.array([start[n] for n in names]) + offset) - lo) / (hi - lo), 0.0, 1.0)
+    fit = least_squares(residuals, z0, bounds=(0.0, 1.0), method="trf", x_scale=1.0, diff_step=1e-4,
+                        ftol=1e-10, xtol=1e-10, gtol=1e-10, max_nfev=iterations * (len(z0) + 1))
+    z, r = fit.x, fit.fun
     cost = float(r @ r)
-    damping = 1e-3
-    done = 0
-    for done in range(1, iterations + 1):
-        jac = np.empty((len(r), len(z)))
-        for k in range(len(z)):
-            h = 1e-4 if z[k] < 1.0 - 1e-4 else -1e-4
-            dz = np.zeros(len(z))
-            dz[k] = h
-            jac[:, k] = (residuals(z + dz) - r) / h
-        grad, normal = jac.T @ r, jac.T @ jac
-        improved = False
-        while damping < 1e10:
-            step = np.linalg.solve(normal + damping * (np.diag(np.diag(normal)) + 1e-12 * np.eye(len(z))), -grad)
-            trial = np.clip(z + step, 0.0, 1.0)
-            rt = residuals(trial)
-            ct = float(rt @ rt)
-            if ct < cost:
-                improved = cost - ct > _TOLERANCE * cost
-                z, r, cost = trial, rt, ct
-                damping = max(damping / 5.0, 1e-9)
-                break
-            damping *= 5.0
-        if not improved:
-            break
+    done = int(fit.njev or 0)
     values = decode(z)
     profile = _C.HardwareProfile.from_dict(values)
     report = {"fitted": {n: values[n] for n in names}, "bounds": {n: list(bounds[n]) for n in names},

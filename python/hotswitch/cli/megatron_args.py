@@ -53,7 +53,8 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--hidden-size", "same"),
     _accepted("--num-attention-heads", "same"),
     _accepted("--num-query-groups", "key/value heads (grouped-query attention is always on)"),
-    _accepted("--ffn-hidden-size", "same (default 8/3 of --hidden-size, rounded up to 64)"),
+    _accepted("--ffn-hidden-size", "same (default as under --swiglu: 8/3 of --hidden-size rounded down to a multiple "
+                                   "of 64)"),
     _accepted("--seq-length", "the longest sequence: documents are trained whole, up to this length"),
     _accepted("--max-position-embeddings", "same"),
     _accepted("--vocab-size", "same"),
@@ -64,9 +65,10 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--rotary-base", "same"),
     # training
     _accepted("--micro-batch-size", "caps a packed micro-batch at micro-batch-size x seq-length tokens"),
-    _accepted("--global-batch-size", "same"),
+    _accepted("--global-batch-size", "differs: counts whole documents (up to --seq-length tokens each), not "
+                                      "sequences of --seq-length tokens; --global-batch-tokens counts tokens"),
     _accepted("--train-iters", "same"),
-    _accepted("--lr", "same"),
+    _accepted("--lr", "same, but 1e-3 when not given (Megatron-LM has no default)"),
     _accepted("--min-lr", "same"),
     _accepted("--lr-decay-style", "constant, linear or cosine"),
     _accepted("--lr-decay-iters", "same"),
@@ -141,9 +143,10 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _ignored("--num-workers", "batches are drawn in the training process", values=1),
     _ignored("--data-cache-path", "no index caches are written", values=1),
     _ignored("--ckpt-format", "checkpoints are hotswitch's layout-independent format", values=1),
-    _ignored("--tensorboard-dir", "no TensorBoard writer: --metrics-file has the same figures", values=1),
-    _ignored("--wandb-project", "no W&B writer: --metrics-file has the same figures", values=1),
-    _ignored("--wandb-exp-name", "no W&B writer: --metrics-file has the same figures", values=1),
+    _accepted("--tensorboard-dir", "Megatron's scalar names (lm loss, learning-rate, grad-norm, loss-scale, "
+                                   "iteration-time, batch-size), plus tokens-per-second, switch-share and phases"),
+    _accepted("--wandb-project", "the same scalars to Weights & Biases (needs the wandb package)"),
+    _accepted("--wandb-exp-name", "same"),
     _ignored("--log-throughput", "the iteration line always shows tokens/s"),
     _ignored("--timing-log-level", "the summary and the metrics file time every step", values=1),
     # refused: hotswitch cannot do what the argument asks
@@ -182,9 +185,9 @@ def unknown(name: str) -> str:
 
 
 def screen(argv: Sequence[str]) -> Tuple[List[str], List[str], Optional[str]]:
-    """Applies the table to a command line: ``(argv without the ignored arguments and their
-    values, one warning per ignored argument, the refusal message or None)``."""
-    kept, warnings = [], []
+    """Applies the table to a command line: ``(argv without the ignored and refused arguments
+    and their values, one warning per ignored argument, the refusals, one a line, or None)``."""
+    kept, warnings, refusals = [], [], []
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -195,22 +198,32 @@ def screen(argv: Sequence[str]) -> Tuple[List[str], List[str], Optional[str]]:
             i += 1
             continue
         if arg.treatment == REFUSED:
-            return kept, warnings, f"Megatron-LM's {name} is refused: {arg.note}"
+            refusals.append(f"Megatron-LM's {name} is refused: {arg.note}")
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):  # its values
+                i += 1
+            continue
         if eq:
             values = [inline]
         else:
             values = list(argv[i + 1:i + 1 + arg.values])
             if len(values) < arg.values or any(v.startswith("--") for v in values):
-                return kept, warnings, f"Megatron-LM's {name} takes {arg.values} value(s)"
+                refusals.append(f"Megatron-LM's {name} takes {arg.values} value(s)")
+                i += 1 + len([v for v in values if not v.startswith("--")][:1])
+                continue
         if eq and arg.values == 0:
-            return kept, warnings, f"Megatron-LM's {name} is a flag and takes no value, got {token!r}"
+            refusals.append(f"Megatron-LM's {name} is a flag and takes no value, got {token!r}")
+            i += 1
+            continue
         if arg.expects is not None and not _same_value(values[0], arg.expects):
-            return kept, warnings, (f"Megatron-LM's {name} {values[0]} is refused: {arg.note}; only {name} "
-                                    f"{arg.expects} matches it")
+            refusals.append(f"Megatron-LM's {name} {values[0]} is refused: {arg.note}; only {name} "
+                            f"{arg.expects} matches it")
+            i += 1 if eq else 1 + arg.values
+            continue
         shown = " ".join([name] + values)
         warnings.append(f"warning: ignoring Megatron-LM's {shown}: {arg.note}")
         i += 1 if eq else 1 + arg.values
-    return kept, warnings, None
+    return kept, warnings, "\n".join(refusals) or None
 
 
 def markdown_table() -> str:

@@ -21,7 +21,7 @@ import math
 import os
 import statistics
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -45,15 +45,42 @@ __all__ = ["build_parser", "format_iteration", "iteration_record", "learning_rat
            "parse_args", "runtime_config", "validation_record"]
 
 
+def default_ffn_hidden_size(hidden_size: int) -> int:
+    """Megatron-LM's FFN size under --swiglu: int(4 h * 2 / 3 / 64) * 64 (here at least 64)."""
+    return max(64, int(4 * hidden_size * 2 / 3 / 64) * 64)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written; every option that takes a value shows its default, unless
+    its help already speaks of it or there is none (None: derived, as the help says)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or action.nargs == 0 or action.default in (None, argparse.SUPPRESS)
+                or "default" in text.lower()):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in a few lines, once (rank 0 of a launch), without the usage block."""
+
+    def error(self, message: str):
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            sys.stderr.write("".join(f"{self.prog}: error: {line}\n" for line in message.splitlines()))
+            sys.stderr.write(f"{self.prog}: see --help for every argument and its default\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hotswitch.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m hotswitch.train", description=__doc__, formatter_class=_Formatter)
     m = p.add_argument_group("model")
     m.add_argument("--num-layers", type=int, default=4)
     m.add_argument("--hidden-size", type=int, default=128)
     m.add_argument("--num-attention-heads", type=int, default=4)
     m.add_argument("--num-query-groups", type=int, default=None, help="KV heads (default: attention heads)")
-    m.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 8/3 hidden, rounded up to 64")
+    m.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 8/3 of --hidden-size rounded down to a multiple of 64 (at least 64), "
+                        "as Megatron-LM's --swiglu sets it")
     m.add_argument("--seq-length", type=int, default=1024, help="the longest sequence (max context)")
     m.add_argument("--max-position-embeddings", type=int, default=None, help="default: --seq-length")
     m.add_argument("--vocab-size", type=int, default=None,
@@ -78,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--clip-grad", type=float, default=1.0, help="global gradient-norm clip; 0 disables it")
     t.add_argument("--weight-decay", type=float, default=0.01)
     t.add_argument("--adam-beta1", type=float, default=0.9)
-    t.add_argument("--adam-beta2", type=float, default=0.95)
+    t.add_argument("--adam-beta2", type=float, default=0.999)
     t.add_argument("--adam-eps", type=float, default=1e-8)
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--use-distributed-optimizer", action="store_true", help="ZeRO-1 over the home data group")
@@ -158,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--eval-iters", type=int, default=10, help="validation batches per evaluation")
     o.add_argument("--metrics-file", default=None,
                    help="append each logged iteration's figures as one JSON object a line (rank 0)")
+    o.add_argument("--tensorboard-dir", default=None,
+                   help="write TensorBoard scalars here (rank 0): Megatron's names, plus tokens-per-second, "
+                        "switch-share and phases")
+    o.add_argument("--wandb-project", default=None, help="log the same scalars to this W&B project (rank 0)")
+    o.add_argument("--wandb-exp-name", default=None, help="the W&B run's name")
+    for action in p._actions:  # argparse shows no help line, so no default, for an option without help
+        if action.help is None and action.option_strings and action.nargs != 0 and action.default is not None:
+            action.help = "default: %(default)s"
     return p
 
 
@@ -165,11 +200,14 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     """Parses and checks the arguments; exits with status 2 naming the bad value."""
     parser = build_parser()
     argv, warnings, refusal = megatron_args.screen(sys.argv[1:] if argv is None else list(argv))
-    if refusal:
-        parser.error(refusal)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        parser.error(megatron_args.unknown(unknown[0]))
+    # Every refused and unknown argument at once.
+    problems = ([refusal] if refusal else []) + [megatron_args.unknown(u.partition("=")[0])
+                                                  for u in unknown if u.startswith("-")]
+    if unknown and not problems:
+        problems = [f"unexpected values {unknown}"]
+    if problems:
+        parser.error("\n".join(problems))
     for line in warnings if int(os.environ.get("RANK", "0") or 0) == 0 else ():
         print(line, file=sys.stderr, flush=True)
     if args.bf16 and args.fp16:
@@ -196,6 +234,9 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    missing = ScalarWriters.check(args)
+    if missing:
+        parser.error(missing)
     if not math.isfinite(args.lr) or args.lr <= 0:
         parser.error(f"--lr must be a positive number, got {args.lr}")
     if not math.isfinite(args.timeout) or args.timeout <= 0:
@@ -238,7 +279,7 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     if args.num_query_groups is None:
         args.num_query_groups = args.num_attention_heads
     if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = -(-8 * args.hidden_size // 3 // 64) * 64
+        args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size)
     try:
         args.tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
     except ValueError as e:
@@ -392,8 +433,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             start_step = info["step"]
             if rank == 0:
                 print(f"resumed from {path} at step {start_step}", flush=True)
+    writers = ScalarWriters(args, rank)
     bar = None
-    if rank == 0 and not args.no_progress:
+    # The bar redraws a terminal line; in a log file it would write carriage-return junk.
+    if rank == 0 and not args.no_progress and sys.stderr.isatty():
         from tqdm import tqdm
         bar = tqdm(total=args.train_iters, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
     results = []
@@ -402,6 +445,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     skipped_in_interval = 0
     for it in range(start_step, args.train_iters):
         batch = sampler.next_batch()
+        if it == start_step:
+            _check_token_ids(batch, config.vocab_size, args, parser)
         # Megatron's schedule counts optimizer updates: a skipped iteration does not advance it.
         args.schedule.apply(runtime.optimizer, runtime.updates)
         result = runtime.train_step(batch)
@@ -424,6 +469,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if metrics is not None:
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
+            writers.iteration(record)
         last = it + 1 == args.train_iters
         if args.eval_interval and ((it + 1) % args.eval_interval == 0 or last):
             record = validation_record(runtime, splits, args, result.step)
@@ -431,6 +477,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 msg = (f" validation loss at iteration {record['iteration']} | lm loss value: "
                        f"{record['valid_lm_loss']:.6E} | lm loss PPL: {record['valid_ppl']:.6E} |")
                 (bar.write if bar is not None else print)(msg)
+                writers.validation(record)
                 if metrics is not None:
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
@@ -443,6 +490,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         bar.close()
     if metrics is not None:
         metrics.close()
+    writers.close()
 
     summary = _summary(results, runtime, world)
     if rank == 0:
@@ -479,6 +527,78 @@ def validation_record(runtime, splits, args, iteration: int) -> Optional[dict]:
     loss = losses / targets if targets else float("nan")
     return {"iteration": iteration, "valid_lm_loss": loss,
             "valid_ppl": math.exp(min(loss, 700.0)) if math.isfinite(loss) else loss}
+
+
+class ScalarWriters:
+    """Rank 0's scalars to TensorBoard (``--tensorboard-dir``, through
+    ``torch.utils.tensorboard``) and Weights & Biases (``--wandb-project``), under Megatron-LM's
+    names: ``lm loss``, ``learning-rate``, ``grad-norm``, ``loss-scale``, ``iteration-time``
+    (seconds), ``batch-size``, and validation's ``lm loss validation`` / ``lm loss validation
+    ppl``; hot switching adds ``tokens-per-second``, ``switch-share``, ``phases`` and
+    ``predicted-iteration-time``, and the layouts of each step as text."""
+
+    def __init__(self, args: argparse.Namespace, rank: int):
+        self.tensorboard = self.wandb = None
+        if rank != 0:
+            return
+        if args.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tensorboard = SummaryWriter(log_dir=args.tensorboard_dir)
+        if args.wandb_project:
+            import wandb
+            self.wandb = wandb.init(project=args.wandb_project, name=args.wandb_exp_name,
+                                    config={k: v for k, v in vars(args).items() if k != "schedule"})
+
+    @staticmethod
+    def check(args: argparse.Namespace) -> Optional[str]:
+        """Why the writers asked for cannot be made (a missing package), or None."""
+        import importlib.util
+        if args.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
+            return "--tensorboard-dir needs the tensorboard package (pip install 'hotswitch[tensorboard]')"
+        if args.wandb_project and importlib.util.find_spec("wandb") is None:
+            return "--wandb-project needs the wandb package (pip install wandb)"
+        if args.wandb_exp_name and not args.wandb_project:
+            return "--wandb-exp-name needs --wandb-project"
+        return None
+
+    def _write(self, scalars: Dict[str, float], step: int) -> None:
+        if self.tensorboard is not None:
+            for name, value in scalars.items():
+                self.tensorboard.add_scalar(name, value, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def iteration(self, record: dict) -> None:
+        step = record["iteration"]
+        self._write({"lm loss": record["lm_loss"], "learning-rate": record["learning_rate"],
+                     "grad-norm": record["grad_norm"], "loss-scale": record["loss_scale"],
+                     "iteration-time": record["elapsed_ms_per_iteration"] / 1e3,
+                     "batch-size": record["global_batch_size"], "tokens-per-second": record["tokens_per_s"],
+                     "switch-share": record["switch_share"], "phases": len(record["layouts"]),
+                     "predicted-iteration-time": record["predicted_s"]}, step)
+        if self.tensorboard is not None:
+            self.tensorboard.add_text("layouts", " -> ".join(record["layouts"]), step)
+
+    def validation(self, record: dict) -> None:
+        self._write({"lm loss validation": record["valid_lm_loss"],
+                     "lm loss validation ppl": record["valid_ppl"]}, record["iteration"])
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _check_token_ids(batch, vocab_size: int, args: argparse.Namespace, parser) -> None:
+    """A dataset tokenized with another tokenizer than ``--tokenizer-type`` holds ids beyond its
+    vocabulary: one clear line (on every rank alike, the batch being the same) before any step."""
+    largest = max((int(max(seq)) for seq in batch if len(seq)), default=-1)
+    if largest >= vocab_size:
+        parser.error(f"the data holds token id {largest}, outside the model's vocabulary [0, {vocab_size}): it was "
+                     f"tokenized with another tokenizer than --tokenizer-type {args.tokenizer_type}"
+                     + (f" --tokenizer-model {args.tokenizer_model}" if args.tokenizer_model else "")
+                     + "; give the tokenizer the data was made with (or --vocab-size)")
 
 
 def iteration_record(result, train_iters: int, consumed: int, batch_size: int, skipped: int) -> dict:

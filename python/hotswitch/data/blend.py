@@ -126,6 +126,10 @@ def open_documents(path: str, tokenizer=None, max_files: Optional[int] = None, u
         return IndexedDataset(path)
     if os.path.isdir(path):
         return Corpus(path, tokenizer=tokenizer, max_files=max_files, unit=unit)
+    for suffix in (".bin", ".idx"):
+        if path.endswith(suffix) and (os.path.exists(idx_path(path[:-4])) or os.path.exists(bin_path(path[:-4]))):
+            raise ValueError(f"data path {path!r} names a file of an indexed dataset: give its prefix "
+                             f"{path[:-4]!r}, as Megatron-LM's --data-path takes it")
     raise ValueError(f"data path {path!r} is neither an indexed dataset prefix (no {idx_path(path)}) nor a "
                      "directory of text files")
 

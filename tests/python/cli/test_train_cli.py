@@ -170,3 +170,50 @@ def test_when_the_overhead_is_measured(args, measures):
     from hotswitch.cli import train as cli
 
     assert cli.measure_overhead(cli.build_parser().parse_args(args)) is measures
+
+
+def test_tensorboard_scalars_carry_megatron_names_and_the_logged_values(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    board, metrics = str(tmp_path / "tb"), str(tmp_path / "metrics.jsonl")
+    out = _train(1, *COMMON, "--candidate-layouts", "auto", "--train-iters", "3", "--tensorboard-dir", board,
+                 "--metrics-file", metrics, "--eval-interval", "3", "--eval-iters", "1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = EventAccumulator(board)
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"lm loss", "learning-rate", "grad-norm", "loss-scale", "iteration-time", "batch-size",
+            "tokens-per-second", "switch-share", "phases", "lm loss validation", "lm loss validation ppl"} <= tags
+    records = [json.loads(line) for line in open(metrics)]
+    train = [r for r in records if "lm_loss" in r]
+    assert [e.step for e in events.Scalars("lm loss")] == [r["iteration"] for r in train] == [1, 2, 3]
+    assert [e.value for e in events.Scalars("lm loss")] == pytest.approx([r["lm_loss"] for r in train], rel=1e-6)
+    assert [e.value for e in events.Scalars("phases")] == [len(r["layouts"]) for r in train]
+    valid = [r for r in records if "valid_lm_loss" in r]
+    assert events.Scalars("lm loss validation")[0].value == pytest.approx(valid[0]["valid_lm_loss"], rel=1e-6)
+    # Not a terminal: no progress bar redrawing lines into the log.
+    assert "\r" not in out.stderr and "\r" not in out.stdout
+
+
+def test_every_refused_and_unknown_argument_is_reported_together_once(tmp_path):
+    out = _train(2, "--no-such-thing", "3", "--finetune", "--vocab-file", "v.json", "--other=1", "--train-iters", "1")
+    assert out.returncode != 0
+    err = out.stderr
+    for needle in ("unknown argument --no-such-thing", "unknown argument --other", "--finetune is refused",
+                   "--vocab-file is refused"):
+        assert err.count(needle) == 1, err  # rank 0 only, each once
+    assert "usage:" not in err and len([l for l in err.splitlines() if "error:" in l]) == 4, err
+
+
+def test_help_shows_the_defaults_and_missing_writers_are_refused(monkeypatch, capsys):
+    import hotswitch.cli.train as cli
+    text = cli.build_parser().format_help()
+    assert "default: 0.999" in text and "default: 0.001" in text and "default: 4" in text
+    assert cli.default_ffn_hidden_size(2048) == 5440 and cli.default_ffn_hidden_size(4096) == 10880
+    import importlib.util
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(SystemExit):
+            cli.parse_args(["--wandb-project", "p"])
+        assert "--wandb-project needs the wandb package" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--wandb-exp-name", "x"])
+    assert "--wandb-exp-name needs --wandb-project" in capsys.readouterr().err

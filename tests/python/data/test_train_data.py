@@ -70,7 +70,7 @@ def _truncated(root, tmp_path):
     return str(tmp_path / "cut")
 
 
-@pytest.mark.parametrize("case", ["truncated", "weight", "tokenizer", "vocab", "split"])
+@pytest.mark.parametrize("case", ["truncated", "weight", "tokenizer", "vocab", "split", "mismatch", "bin"])
 def test_bad_data_is_refused_before_training_naming_it(data, tmp_path, case):
     root, model = data
     prefix = str(root / "json_text_document")
@@ -82,6 +82,10 @@ def test_bad_data_is_refused_before_training_naming_it(data, tmp_path, case):
         "vocab": (["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", model, "--vocab-size", "256"],
                   "--vocab-size(256) must hold the SentencePieceTokenizer's 405 tokens"),
         "split": (["--data-path", prefix, "--split", "0,1"], "leaves no training documents"),
+        # SentencePiece ids (up to 404) read with the byte tokenizer's vocabulary (384 padded).
+        "mismatch": (["--data-path", prefix], "outside the model's vocabulary [0, 384): it was tokenized with "
+                                              "another tokenizer than --tokenizer-type ByteTokenizer"),
+        "bin": (["--data-path", prefix + ".bin"], f"give its prefix '{prefix}'"),
     }[case]
     out = _train(1, *args, "--train-iters", "1", timeout=300)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
