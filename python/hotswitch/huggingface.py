@@ -120,15 +120,25 @@ def config_from_hf(hf: dict, where: str = "config.json", dtype: Optional[str] = 
                            "vocab_size", "max_position_embeddings") if k not in hf]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
-    theta, scaling = hf.get("rope_theta", 10000.0), hf.get("rope_scaling")
-    if isinstance(hf.get("rope_parameters"), dict):  # transformers 5
-        scaling = dict(hf["rope_parameters"])
-        theta = scaling.pop("rope_theta", theta)
-        if scaling.get("rope_type", scaling.get("type")) == "default":
-            scaling = None
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) != "llama3":
-        raise ValueError(f"{where}: rope type {scaling.get('rope_type', scaling.get('type'))!r} is not supported "
-                         f"(expected 'default' or 'llama3')")
+    # transformers 4 writes rope_theta and rope_scaling; 5 writes rope_parameters (theta inside).
+    theta = hf.get("rope_theta", 10000.0)
+    found = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        value = hf.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: {key} must be an object or null, got {value!r}")
+        value = dict(value)
+        theta = value.pop("rope_theta", theta)
+        kind = value.get("rope_type", value.get("type"))
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"{where}: {key}: rope type {kind!r} is not supported (expected 'default' or 'llama3')")
+        found[key] = None if kind == "default" else value
+    if len(found) == 2 and found["rope_scaling"] != found["rope_parameters"]:
+        raise ValueError(f"{where}: rope_scaling {found['rope_scaling']!r} and rope_parameters "
+                         f"{found['rope_parameters']!r} disagree")
+    scaling = next(iter(found.values()), None)
     heads = hf["num_attention_heads"]
     if "head_dim" in hf and isinstance(heads, int) and heads > 0 and hf["head_dim"] != hf["hidden_size"] // heads:
         raise ValueError(f"{where}: head_dim {hf['head_dim']!r} differs from hidden_size({hf['hidden_size']}) / "

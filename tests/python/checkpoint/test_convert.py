@@ -133,7 +133,7 @@ def test_round_trip_through_hugging_face_is_bitwise_and_trains_the_same(tmp_path
     original = run_world(1, w.save_initial, str(tmp_path / "ckpt"), tied, timeout=300)[0]
     out, back = str(tmp_path / "hf"), str(tmp_path / "back")
     assert convert.main(["--load", original, "--save", out]) == 0
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
     assert convert.main(["--load", out, "--save", back]) == 0
     a, meta = read_tensors(original)
     b, _ = read_tensors(back)
@@ -193,7 +193,7 @@ def _hf_dir(tmp_path, **config_changes):
     (lambda d: os.remove(os.path.join(d, "model.safetensors")), "no model.safetensors"),
     (lambda d: open(os.path.join(d, "model.safetensors"), "r+b").truncate(1000), "model.safetensors"),
     (lambda d: json.dump({**json.load(open(os.path.join(d, "config.json"))), "rope_scaling": {"type": "yarn"}},
-                         open(os.path.join(d, "config.json"), "w")), "rope_scaling"),
+                         open(os.path.join(d, "config.json"), "w")), "rope_scaling: rope type 'yarn'"),
     (lambda d: json.dump({**json.load(open(os.path.join(d, "config.json"))), "num_hidden_layers": 3},
                          open(os.path.join(d, "config.json"), "w")), "no tensor 'model.layers.2"),
     (lambda d: json.dump({**json.load(open(os.path.join(d, "config.json"))), "num_key_value_heads": 4},

@@ -165,6 +165,7 @@ def test_llama3_frequencies_equal_transformers_rope_init():
 @pytest.mark.parametrize("change, needle", [
     ({"model_type": "mistral"}, "model_type 'mistral' is not 'llama'"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
+    ({"rope_scaling": LLAMA3_SCALING, "rope_parameters": {"rope_type": "default"}}, "disagree"),
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope type 'dynamic'"),
     ({"rope_scaling": dict(LLAMA3_SCALING, high_freq_factor=0.5)}, "high_freq_factor(0.5) must exceed"),
 ])
