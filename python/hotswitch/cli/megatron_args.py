@@ -100,8 +100,11 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     # data, checkpoints, logging
     _accepted("--data-path", "indexed datasets, blends or a directory of text files"),
     _accepted("--split", "same"),
-    _accepted("--tokenizer-type", "ByteTokenizer, SentencePieceTokenizer or Llama2Tokenizer"),
+    _accepted("--tokenizer-type", "ByteTokenizer (default), SentencePieceTokenizer, Llama2Tokenizer, "
+                                  "HuggingFaceTokenizer (a tokenizer.json directory), GPT2BPETokenizer"),
     _accepted("--tokenizer-model", "same"),
+    _accepted("--vocab-file", "same (GPT2BPETokenizer)"),
+    _accepted("--merge-file", "same (GPT2BPETokenizer)"),
     _accepted("--save", "layout-independent checkpoints"),
     _accepted("--save-interval", "same"),
     _accepted("--load", "a checkpoint of any layout and world"),
@@ -157,10 +160,6 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _refused("--num-experts", "mixture-of-experts models are not supported"),
     _refused("--expert-model-parallel-size", "mixture-of-experts models are not supported"),
     _refused("--fp8-format", "fp8 compute is not supported (--bf16 or --fp16)"),
-    _refused("--vocab-file", "the GPT-2 BPE tokenizer is not built in: --tokenizer-type SentencePieceTokenizer "
-                             "or Llama2Tokenizer with --tokenizer-model"),
-    _refused("--merge-file", "the GPT-2 BPE tokenizer is not built in: --tokenizer-type SentencePieceTokenizer "
-                             "or Llama2Tokenizer with --tokenizer-model"),
     _refused("--finetune", "loading weights without the optimizer state is not supported"),
     _refused("--no-load-optim", "loading weights without the optimizer state is not supported"),
     _refused("--no-save-optim", "checkpoints always hold the optimizer state"),

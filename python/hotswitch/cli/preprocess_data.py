@@ -34,16 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-keys", nargs="+", default=["text"], help="keys whose text to tokenize (default: text)")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx")
     p.add_argument("--tokenizer-type", default="ByteTokenizer", choices=TOKENIZER_TYPES)
-    p.add_argument("--tokenizer-model", default=None, help="SentencePiece model file")
+    p.add_argument("--tokenizer-model", default=None,
+                   help="SentencePiece model file, or a Hugging Face tokenizer directory (HuggingFaceTokenizer)")
+    p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer's vocab.json")
+    p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer's merges.txt")
     p.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
     p.add_argument("--workers", type=int, default=1, help="tokenizing processes")
     p.add_argument("--log-interval", type=int, default=10000, help="documents between progress lines")
     return p
 
 
-def _init_worker(tokenizer_type: str, tokenizer_model: Optional[str]) -> None:
+def _init_worker(tokenizer_type: str, tokenizer_model: Optional[str], vocab_file=None, merge_file=None) -> None:
     global _tokenizer
-    _tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)
+    _tokenizer = build_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file)
 
 
 def _encode(job: Tuple[int, str, List[str], bool, str]):
@@ -87,12 +90,13 @@ def _lines(path: str) -> Iterator[Tuple[int, str]]:
 
 def preprocess(input_path: str, output_prefix: str, json_keys: List[str], tokenizer_type: str = "ByteTokenizer",
                tokenizer_model: Optional[str] = None, append_eod: bool = False, workers: int = 1,
-               log_interval: int = 10000, log=None) -> dict:
+               log_interval: int = 10000, log=None, vocab_file: Optional[str] = None,
+               merge_file: Optional[str] = None) -> dict:
     """Writes ``{output_prefix}_{key}_document.bin/.idx`` per key; returns ``{"documents",
     "tokens": {key: n}, "seconds", "files": [...]}``. ValueError naming the file and line for
     bad input, after removing the partial output (the ``.idx`` is written last, so no
     half-written dataset is ever complete on disk)."""
-    tokenizer = build_tokenizer(tokenizer_type, tokenizer_model)
+    tokenizer = build_tokenizer(tokenizer_type, tokenizer_model, vocab_file, merge_file)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"--workers must be a positive int, got {workers!r}")
     if not json_keys or len(set(json_keys)) != len(json_keys):
@@ -108,10 +112,10 @@ def preprocess(input_path: str, output_prefix: str, json_keys: List[str], tokeni
     jobs = ((n, line, json_keys, append_eod, input_path) for n, line in _lines(input_path))
     pool = None
     if workers > 1:
-        pool = multiprocessing.Pool(workers, initializer=_init_worker, initargs=(tokenizer_type, tokenizer_model))
+        pool = multiprocessing.Pool(workers, initializer=_init_worker, initargs=(tokenizer_type, tokenizer_model, vocab_file, merge_file))
         results = pool.imap(_encode, jobs, 32)
     else:
-        _init_worker(tokenizer_type, tokenizer_model)
+        _init_worker(tokenizer_type, tokenizer_model, vocab_file, merge_file)
         results = map(_encode, jobs)
     start = time.monotonic()
     documents, total_bytes = 0, 0
@@ -157,7 +161,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         info = preprocess(args.input, args.output_prefix, args.json_keys, args.tokenizer_type, args.tokenizer_model,
                           args.append_eod, args.workers, args.log_interval,
-                          log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                          log=lambda msg: print(msg, file=sys.stderr, flush=True), vocab_file=args.vocab_file,
+                          merge_file=args.merge_file)
     except ValueError as e:
         parser.error(str(e))
     except OSError as e:

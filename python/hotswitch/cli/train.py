@@ -166,7 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "'0.3 PREFIX_A 0.7 PREFIX_B' (default: Python's stdlib source)")
     d.add_argument("--split", default="969,30,1", help="train,validation,test shares of each source's documents")
     d.add_argument("--tokenizer-type", default="ByteTokenizer", choices=TOKENIZER_TYPES)
-    d.add_argument("--tokenizer-model", default=None, help="SentencePiece model file")
+    d.add_argument("--tokenizer-model", default=None,
+                   help="SentencePiece model file, or a Hugging Face tokenizer directory (HuggingFaceTokenizer)")
+    d.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer's vocab.json")
+    d.add_argument("--merge-file", default=None, help="GPT2BPETokenizer's merges.txt")
     d.add_argument("--document-unit", default="block", choices=None, help="file or block")
     d.add_argument("--long-sequences", default="truncate", help="truncate or split documents over --seq-length")
     d.add_argument("--max-files", type=int, default=None)
@@ -281,7 +284,7 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size)
     try:
-        args.tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+        args.tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_file, args.merge_file)
     except ValueError as e:
         parser.error(str(e))
     tokens = args.tokenizer.vocab_size

@@ -10,15 +10,20 @@ Every tokenizer has the same small interface:
   files yields per document, and what ``preprocess_data --append-eod`` writes);
 - ``detokenize(ids)``: the text of token ids.
 
-``SentencePieceTokenizer`` and ``Llama2Tokenizer`` need the ``sentencepiece`` package.
+``SentencePieceTokenizer`` and ``Llama2Tokenizer`` need the ``sentencepiece`` package;
+``HuggingFaceTokenizer`` (a directory with ``tokenizer.json``, e.g. LLaMA-3's) and
+``GPT2BPETokenizer`` (``vocab.json`` and ``merges.txt``) the ``tokenizers`` package.
 """
 
 import io
+import json
 import os
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 __all__ = [
     "ByteTokenizer",
+    "GPT2BPETokenizer",
+    "HuggingFaceTokenizer",
     "Llama2Tokenizer",
     "SentencePieceTokenizer",
     "TOKENIZER_TYPES",
@@ -27,7 +32,8 @@ __all__ = [
     "train_sentencepiece",
 ]
 
-TOKENIZER_TYPES = ("ByteTokenizer", "SentencePieceTokenizer", "Llama2Tokenizer")
+TOKENIZER_TYPES = ("ByteTokenizer", "SentencePieceTokenizer", "Llama2Tokenizer", "HuggingFaceTokenizer",
+                   "GPT2BPETokenizer")
 
 
 class ByteTokenizer:
@@ -195,19 +201,125 @@ class Llama2Tokenizer:
         return self.processor.decode([int(i) for i in ids])
 
 
-def build_tokenizer(tokenizer_type: str = "ByteTokenizer", tokenizer_model: Optional[str] = None):
-    """The tokenizer named by Megatron-LM's ``--tokenizer-type`` and ``--tokenizer-model``.
-    ValueError when the type is unknown, a model is missing or given where none is used, or
-    the model file does not load."""
+def _special_token(config: dict, key: str) -> Optional[str]:
+    """A special token of ``tokenizer_config.json``: a string or ``{"content": ...}``."""
+    value = config.get(key)
+    return value.get("content") if isinstance(value, dict) else value
+
+
+class HuggingFaceTokenizer:
+    """Megatron-LM's ``HuggingFaceTokenizer`` over a Hugging Face tokenizer directory (LLaMA-3's
+    and most others'): ``tokenizer.json`` through the ``tokenizers`` library, with the special
+    tokens of ``tokenizer_config.json``. ``tokenize`` gives what ``AutoTokenizer(text).input_ids``
+    gives (the post-processor's BOS included); ``vocab_size`` counts the added tokens (the
+    ``len(tokenizer)`` Megatron-LM uses); ``eod`` is the EOS token."""
+
+    def __init__(self, directory: str):
+        import tokenizers
+
+        path = os.path.join(directory, "tokenizer.json") if os.path.isdir(directory) else directory
+        if not os.path.isfile(path):
+            raise ValueError(f"tokenizer model {directory!r}: no tokenizer.json (HuggingFaceTokenizer reads a Hugging "
+                             "Face tokenizer directory)")
+        try:
+            self.tokenizer = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # the library raises its own Exception type for a bad file
+            raise ValueError(f"tokenizer model {path!r} is not a tokenizers JSON file ({e})") from None
+        config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+        config = {}
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                config = json.load(f)
+        self.model_file = path
+        eos = _special_token(config, "eos_token")
+        self.eos_id = self.tokenizer.token_to_id(eos) if eos else None
+        if self.eos_id is None:
+            raise ValueError(f"tokenizer model {directory!r}: no EOS token (eos_token of tokenizer_config.json); "
+                             "HuggingFaceTokenizer needs one for the end of documents")
+        bos = _special_token(config, "bos_token")
+        self.bos_id = self.tokenizer.token_to_id(bos) if bos else None
+        self.eod = self.eos_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def tokenize(self, text: str) -> List[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        return self.tokenizer.encode(text).ids
+
+    def encode(self, text: str) -> List[int]:
+        """A training document: ``tokenize(text)`` and EOS."""
+        return self.tokenize(text) + [self.eod]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+class GPT2BPETokenizer:
+    """Megatron-LM's ``GPT2BPETokenizer``: GPT-2's byte-level BPE of ``vocab.json`` and
+    ``merges.txt`` (``--vocab-file``, ``--merge-file``) through the ``tokenizers`` library;
+    ``tokenize`` adds no special token; ``eod`` is ``<|endoftext|>``."""
+
+    def __init__(self, vocab_file: str, merge_file: str):
+        import tokenizers
+
+        for name, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
+            if not path or not os.path.isfile(path):
+                raise ValueError(f"GPT2BPETokenizer needs {name}: {path!r} is not a file")
+        try:
+            model = tokenizers.models.BPE.from_file(vocab_file, merge_file)
+        except Exception as e:
+            raise ValueError(f"--vocab-file {vocab_file!r} / --merge-file {merge_file!r} are not GPT-2 BPE files "
+                             f"({e})") from None
+        tok = tokenizers.Tokenizer(model)
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tokenizers.decoders.ByteLevel()
+        self.tokenizer = tok
+        self.model_file = vocab_file
+        self.eod = tok.token_to_id("<|endoftext|>")
+        if self.eod is None:
+            raise ValueError(f"--vocab-file {vocab_file!r} has no <|endoftext|> token")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def tokenize(self, text: str) -> List[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode(self, text: str) -> List[int]:
+        return self.tokenize(text) + [self.eod]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+
+def build_tokenizer(tokenizer_type: str = "ByteTokenizer", tokenizer_model: Optional[str] = None,
+                    vocab_file: Optional[str] = None, merge_file: Optional[str] = None):
+    """The tokenizer named by Megatron-LM's ``--tokenizer-type`` and ``--tokenizer-model`` (or
+    ``--vocab-file``/``--merge-file`` for GPT2BPETokenizer). ValueError when the type is
+    unknown, a file is missing or given where none is used, or does not load."""
     if tokenizer_type not in TOKENIZER_TYPES:
         raise ValueError(f"tokenizer type {tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+    if tokenizer_type != "GPT2BPETokenizer" and (vocab_file or merge_file):
+        raise ValueError(f"{tokenizer_type} takes no --vocab-file or --merge-file (GPT2BPETokenizer does)")
+    if tokenizer_type == "GPT2BPETokenizer":
+        if tokenizer_model is not None:
+            raise ValueError(f"GPT2BPETokenizer takes --vocab-file and --merge-file, not a tokenizer model "
+                             f"({tokenizer_model!r})")
+        return GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type == "ByteTokenizer":
         if tokenizer_model is not None:
             raise ValueError(f"ByteTokenizer takes no tokenizer model, got {tokenizer_model!r}")
         return ByteTokenizer()
     if tokenizer_model is None:
-        raise ValueError(f"{tokenizer_type} needs a tokenizer model file (--tokenizer-model)")
-    cls = SentencePieceTokenizer if tokenizer_type == "SentencePieceTokenizer" else Llama2Tokenizer
+        raise ValueError(f"{tokenizer_type} needs a tokenizer model (--tokenizer-model)")
+    cls = {"SentencePieceTokenizer": SentencePieceTokenizer, "Llama2Tokenizer": Llama2Tokenizer,
+           "HuggingFaceTokenizer": HuggingFaceTokenizer}[tokenizer_type]
     return cls(tokenizer_model)
 
 
