@@ -121,14 +121,19 @@ def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[
         raise as_fault(e, f"rank {runtime.rank}, saving checkpoint step {runtime.step} under {root}") from e
 
 
-def load(runtime, path: str) -> dict:
+def load(runtime, path: str, optimizer: bool = True, rng: bool = True, reset_step: bool = False) -> dict:
     """Loads a checkpoint (a ``step_N`` directory, or a root holding ``latest``) into the
     runtime, whatever home layout and world it was saved under. Collective. Returns
     ``{"step", "data_state", "extra"}``. Raises ``CheckpointError`` on every rank, with the
     runtime unchanged, when any rank finds the checkpoint missing, corrupt, truncated or of
-    another model (naming the file and the tensor)."""
+    another model (naming the file and the tensor).
+
+    Megatron-LM's options: ``optimizer=False`` (``--no-load-optim``) loads the weights only,
+    the optimizer and loss scaler starting afresh; ``rng=False`` (``--no-load-rng``) keeps
+    this process's RNG states; ``reset_step=True`` (with both off: ``--finetune``) starts
+    counting steps at 0, and the data position returned is None."""
     try:
-        return _load(runtime, path)
+        return _load(runtime, path, optimizer, rng, reset_step)
     except (ValueError, _C.SwitchFault):
         raise
     except RuntimeError as e:
@@ -326,7 +331,7 @@ def _fill(reader: _Reader, entries: List[dict], lo, hi, out: torch.Tensor, what:
                               f"{need} elements in the manifest: missing tensor data")
 
 
-def _load(runtime, path: str) -> dict:
+def _load(runtime, path: str, load_optimizer: bool = True, load_rng: bool = True, reset_step: bool = False) -> dict:
     """See ``load``."""
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"checkpoint path must be a path, got {type(path).__name__}")
@@ -353,7 +358,7 @@ def _load(runtime, path: str) -> dict:
         current = runtime.state_dict()
         masters = current["params"]
         new_states = {}
-        for state in meta["states"]:
+        for state in (meta["states"] if load_optimizer else [s for s in meta["states"] if s == "param"]):
             local = [torch.empty_like(p) for p in masters]
             for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                            _buffers(runtime, local)):
@@ -369,13 +374,13 @@ def _load(runtime, path: str) -> dict:
         if "param" not in new_states:
             raise CheckpointError(f"{path}/metadata.json lists no parameters")
         groups = current["optimizer"]["param_groups"]
-        if meta["param_groups"] is None:  # weights only (write_tensors): the optimizer's own settings
+        if meta["param_groups"] is None or not load_optimizer:  # weights only: the optimizer's own settings
             meta["param_groups"] = [{} for _ in groups]
         if len(meta["param_groups"]) != len(groups):
             raise CheckpointError(f"{path}/metadata.json has {len(meta['param_groups'])} optimizer parameter groups, "
                                   f"the runtime's optimizer {len(groups)}")
         rng_states = None
-        if meta["world"] == runtime.world and meta.get("rng"):
+        if load_rng and meta["world"] == runtime.world and meta.get("rng"):
             entry = meta["rng"][rank]
             with open(os.path.join(path, entry["file"]), "rb") as f:
                 data = f.read()
@@ -396,7 +401,7 @@ def _load(runtime, path: str) -> dict:
     opt_state = {}
     for i in range(len(params)):
         state = {key: values[i] for key, values in new_states.items()}
-        for key, sc in meta["scalars"].items():
+        for key, sc in (meta["scalars"] if load_optimizer else {}).items():
             state[key] = torch.tensor(sc["value"], dtype=getattr(torch, sc["dtype"])) if sc["tensor"] else sc["value"]
         if state:
             opt_state[i] = state
@@ -406,16 +411,18 @@ def _load(runtime, path: str) -> dict:
         for k, v in saved.items():
             merged[k] = tuple(v) if isinstance(group_state.get(k), tuple) else v
         param_groups.append(merged)
-    runtime.load_state_dict({"step": meta["step"], "params": params,
+    runtime.load_state_dict({"step": 0 if reset_step else meta["step"], "params": params,
                              "optimizer": {"state": opt_state, "param_groups": param_groups},
-                             "skipped": meta.get("skipped", 0), "grad_scaler": meta.get("grad_scaler")})
+                             "skipped": 0 if reset_step else meta.get("skipped", 0),
+                             "grad_scaler": meta.get("grad_scaler") if load_optimizer else None})
     if rng_states is not None:
         torch.set_rng_state(rng_states["torch"])
         if rng_states.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng_states["cuda"])
     _log.info("rank %d: loaded %s (step %d, saved under %s on %d ranks)", rank, path, meta["step"],
               meta["home"], meta["world"])
-    return {"step": meta["step"], "data_state": meta["data_state"], "extra": meta["extra"]}
+    return {"step": 0 if reset_step else meta["step"], "data_state": None if reset_step else meta["data_state"],
+            "extra": meta["extra"]}
 
 
 def _torch_dtype(name: str, where: str) -> torch.dtype:

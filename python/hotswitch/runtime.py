@@ -979,8 +979,11 @@ class Runtime:
         ``hotswitch.checkpoint``); returns its path. Collective."""
         return checkpoint.save(self, root, data_state=data_state, extra=extra)
 
-    def load_checkpoint(self, path: str) -> dict:
+    def load_checkpoint(self, path: str, optimizer: bool = True, rng: bool = True, reset_step: bool = False) -> dict:
         """Loads a checkpoint saved under any home layout and world the model allows; returns
         ``{"step", "data_state", "extra"}``. Collective; ``CheckpointError`` (a ValueError)
-        on every rank, with nothing changed, for a bad checkpoint."""
-        return checkpoint.load(self, path)
+        on every rank, with nothing changed, for a bad checkpoint. ``optimizer=False``: the
+        weights only (Megatron-LM's ``--no-load-optim``); ``rng=False``: keep this process's
+        RNG states (``--no-load-rng``); ``reset_step=True``: count steps from 0 and return no
+        data position (``--finetune``, with both off). See ``hotswitch.checkpoint.load``."""
+        return checkpoint.load(self, path, optimizer=optimizer, rng=rng, reset_step=reset_step)

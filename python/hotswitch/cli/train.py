@@ -177,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--save", default=None, help="directory to save checkpoints in")
     c.add_argument("--save-interval", type=int, default=None, help="save every N steps (and at the end)")
     c.add_argument("--load", default=None, help="checkpoint (step_N or a --save directory) to start from")
+    c.add_argument("--finetune", action="store_true",
+                   help="load the weights of --load only: the optimizer, RNG states, iteration and data position "
+                        "start afresh (Megatron-LM's)")
+    c.add_argument("--no-load-optim", action="store_true", help="do not load the optimizer state of --load")
+    c.add_argument("--no-load-rng", action="store_true", help="do not load the RNG states of --load")
     c.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint of --load (default: --save) when there is one")
     o = p.add_argument_group("output")
@@ -237,6 +242,10 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if (args.finetune or args.no_load_optim or args.no_load_rng) and not args.load:
+        parser.error("--finetune, --no-load-optim and --no-load-rng apply to the checkpoint of --load; give --load")
+    if args.finetune and args.resume:
+        parser.error("--finetune starts from the weights of --load; --resume continues a run: give one of them")
     missing = ScalarWriters.check(args)
     if missing:
         parser.error(missing)
@@ -430,7 +439,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if path is None and not args.resume:
             parser.error(f"--load {source!r} holds no checkpoint")
         if path is not None:
-            info = runtime.load_checkpoint(path)
+            info = runtime.load_checkpoint(path, optimizer=not (args.finetune or args.no_load_optim),
+                                           rng=not (args.finetune or args.no_load_rng), reset_step=args.finetune)
             if info["data_state"]:
                 sampler.load_state_dict(info["data_state"])
             start_step = info["step"]

@@ -140,3 +140,18 @@ def saved_cp2(tmp_path_factory):
 def test_a_context_parallel_checkpoint_loads_under_any_layout(saved_cp2, world, layout, zero):
     root, run = saved_cp2
     _expect_resumed(run, run_world(world, w.resume, root, layout, zero, True, timeout=600)[0])
+
+
+def test_weights_only_and_finetune_loads_follow_megatron(saved):
+    root, _ = saved
+    out = run_world(4, w.load_parts, root, timeout=600)[0]
+    step, data, after, moments, loaded, trained = out["all"]
+    assert step == 2 and data == {"position": 2} and after == 3 and moments > 0
+    step, data, after, moments, loaded_w, trained_w = out["no_optim"]
+    assert step == 2 and data == {"position": 2} and after == 3 and moments == 0  # Adam starts afresh
+    assert all(np.array_equal(loaded[k], loaded_w[k]) for k in loaded)
+    assert any(not np.array_equal(trained[k], trained_w[k]) for k in trained)  # no moments: another update
+    step, data, after, _, loaded_f, trained_f = out["finetune"]
+    assert step == 0 and data is None and after == 1
+    assert all(np.array_equal(loaded[k], loaded_f[k]) for k in loaded)
+    assert all(np.array_equal(trained_w[k], trained_f[k]) for k in trained_w)  # same weights, fresh Adam

@@ -88,3 +88,19 @@ def _static_runtime(layout, zero=False):
     return hs.Runtime(cfg, candidates=[layout], home=layout, hardware=hardware(1 << 40), max_context=MAX_CONTEXT,
                       zero=zero, seed=7, recalibrate=False,
                       optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+
+
+def load_parts(rank, world, root):
+    """Loads the checkpoint of ``save_then_continue`` three ways (everything; weights only;
+    Megatron's finetune) into fresh runtimes; per way: (step, data state, optimizer state
+    tensors, the full weights, and after one more step the full weights)."""
+    out = {}
+    for name, kwargs in (("all", {}), ("no_optim", {"optimizer": False}),
+                         ("finetune", {"optimizer": False, "rng": False, "reset_step": True})):
+        rt = _runtime(world, None)
+        info = rt.load_checkpoint(root, **kwargs)
+        loaded = _numpy(rt.full_weights())
+        moments = sum(len(s) for s in rt.optimizer.state.values())
+        rt.train_step(batch(STEPS[2], 2))
+        out[name] = (info["step"], info["data_state"], rt.step, moments, loaded, _numpy(rt.full_weights()))
+    return out

@@ -217,3 +217,15 @@ def test_help_shows_the_defaults_and_missing_writers_are_refused(monkeypatch, ca
     with pytest.raises(SystemExit):
         cli.parse_args(["--wandb-exp-name", "x"])
     assert "--wandb-exp-name needs --wandb-project" in capsys.readouterr().err
+
+
+def test_finetune_starts_from_the_weights_at_iteration_zero(tmp_path):
+    ckpt, tuned = str(tmp_path / "ckpt"), str(tmp_path / "tuned.json")
+    out = _train(1, *COMMON, "--candidate-layouts", "auto", "--train-iters", "2", "--save", ckpt)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = _train(1, *COMMON, "--candidate-layouts", "auto", "--train-iters", "2", "--load", ckpt, "--finetune",
+                 "--summary-json", tuned)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "at step 0" in out.stdout and json.load(open(tuned))["steps"] == 2  # two new iterations, not zero
+    out = _train(1, *COMMON, "--train-iters", "1", "--no-load-optim")
+    assert out.returncode == 2 and "give --load" in out.stderr
