@@ -39,7 +39,7 @@ from hotswitch._checks import read_json_object
 from hotswitch._errors import as_fault
 from hotswitch.logging import get_logger
 
-__all__ = ["CheckpointError", "latest_checkpoint", "load", "read_tensors", "save", "write_tensors"]
+__all__ = ["CKPT_FORMATS", "CheckpointError", "latest_checkpoint", "load", "read_tensors", "save", "write_tensors"]
 
 FORMAT = "hotswitch-checkpoint-1"
 _log = get_logger("checkpoint")
@@ -107,13 +107,27 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
+CKPT_FORMATS = ("hotswitch", "torch_dist")
+
+
+def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None,
+         ckpt_format: str = "hotswitch") -> str:
     """Saves the runtime's master weights, optimizer state, step, RNG states and
     ``data_state`` (e.g. the sampler's ``state_dict()``) under ``root/step_<N>``; returns that
     path. Collective over the runtime's group. Raises ``CheckpointError`` on every rank when
     any rank fails to write (e.g. a full disk), ``hs.SwitchFault``/``SwitchTimeout`` when a
-    peer dies or stalls; either way the previous checkpoint stays loadable."""
+    peer dies or stalls; either way the previous checkpoint stays loadable.
+
+    ``ckpt_format``: ``"hotswitch"`` (this module's format) or ``"torch_dist"``
+    (``torch.distributed.checkpoint``, ``hotswitch.dist_checkpoint``); ``load`` reads both."""
+    if ckpt_format not in CKPT_FORMATS:
+        raise ValueError(f"ckpt_format {ckpt_format!r} is not one of {', '.join(CKPT_FORMATS)}")
+    if not isinstance(root, (str, os.PathLike)):
+        raise ValueError(f"checkpoint directory must be a path, got {type(root).__name__}")
     try:
+        if ckpt_format == "torch_dist":
+            from hotswitch import dist_checkpoint
+            return dist_checkpoint.save(runtime, root, data_state, extra)
         return _save(runtime, root, data_state, extra)
     except (ValueError, _C.SwitchFault):
         raise
@@ -133,6 +147,13 @@ def load(runtime, path: str, optimizer: bool = True, rng: bool = True, reset_ste
     this process's RNG states; ``reset_step=True`` (with both off: ``--finetune``) starts
     counting steps at 0, and the data position returned is None."""
     try:
+        if isinstance(path, (str, os.PathLike)):
+            path = os.fspath(path)
+            if not os.path.isfile(os.path.join(path, "metadata.json")) and os.path.isfile(os.path.join(path, "latest")):
+                path = latest_checkpoint(path) or path
+            from hotswitch import dist_checkpoint
+            if dist_checkpoint.is_dcp_checkpoint(path):
+                return dist_checkpoint.load(runtime, path, optimizer, rng, reset_step)
         return _load(runtime, path, optimizer, rng, reset_step)
     except (ValueError, _C.SwitchFault):
         raise
@@ -225,11 +246,11 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
     return os.path.join(root, name)
 
 
-def _publish(tmp: str, root: str, name: str, meta: dict) -> str:
+def _publish(tmp: str, root: str, name: str, meta: dict, filename: str = "metadata.json") -> str:
     """Completes a checkpoint written into ``tmp``: its metadata, then the directory renamed to
     ``root/name`` and ``root/latest`` pointed at it, each step synced to disk, so a crash leaves
     either the previous checkpoint or this one as the latest. Returns the final path."""
-    with open(os.path.join(tmp, "metadata.json"), "w") as f:
+    with open(os.path.join(tmp, filename), "w") as f:
         json.dump(meta, f)
         f.flush()
         os.fsync(f.fileno())
@@ -374,9 +395,7 @@ def _load(runtime, path: str, load_optimizer: bool = True, load_rng: bool = True
         if "param" not in new_states:
             raise CheckpointError(f"{path}/metadata.json lists no parameters")
         groups = current["optimizer"]["param_groups"]
-        if meta["param_groups"] is None or not load_optimizer:  # weights only: the optimizer's own settings
-            meta["param_groups"] = [{} for _ in groups]
-        if len(meta["param_groups"]) != len(groups):
+        if meta["param_groups"] is not None and load_optimizer and len(meta["param_groups"]) != len(groups):
             raise CheckpointError(f"{path}/metadata.json has {len(meta['param_groups'])} optimizer parameter groups, "
                                   f"the runtime's optimizer {len(groups)}")
         rng_states = None
@@ -396,7 +415,16 @@ def _load(runtime, path: str, load_optimizer: bool = True, load_rng: bool = True
         ok, message = False, f"{path}: malformed checkpoint ({type(e).__name__}: {e})"
     _agree(ok, message, group)
 
-    # Every rank has everything: commit.
+    return _commit(runtime, path, meta, new_states, rng_states, load_optimizer, reset_step)
+
+
+def _commit(runtime, path: str, meta: dict, new_states: dict, rng_states, load_optimizer: bool,
+            reset_step: bool) -> dict:
+    """Every rank has read everything it needs: the runtime takes the loaded states."""
+    rank = runtime.rank
+    groups = runtime.optimizer.state_dict()["param_groups"]
+    if meta["param_groups"] is None or not load_optimizer:  # weights only: the optimizer's own settings
+        meta["param_groups"] = [{} for _ in groups]
     params = new_states.pop("param")
     opt_state = {}
     for i in range(len(params)):

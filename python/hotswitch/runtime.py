@@ -974,10 +974,12 @@ class Runtime:
         self.skipped = skipped
         self.scaler = scaler
 
-    def save_checkpoint(self, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
+    def save_checkpoint(self, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None,
+                        ckpt_format: str = "hotswitch") -> str:
         """Saves a layout-independent checkpoint under ``root/step_<N>`` (see
-        ``hotswitch.checkpoint``); returns its path. Collective."""
-        return checkpoint.save(self, root, data_state=data_state, extra=extra)
+        ``hotswitch.checkpoint``); returns its path. Collective. ``ckpt_format="torch_dist"``
+        writes it through ``torch.distributed.checkpoint`` (``hotswitch.dist_checkpoint``)."""
+        return checkpoint.save(self, root, data_state=data_state, extra=extra, ckpt_format=ckpt_format)
 
     def load_checkpoint(self, path: str, optimizer: bool = True, rng: bool = True, reset_step: bool = False) -> dict:
         """Loads a checkpoint saved under any home layout and world the model allows; returns

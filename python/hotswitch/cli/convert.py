@@ -15,6 +15,12 @@ cut into shards of ``--max-shard-size`` with ``model.safetensors.index.json``, a
 ``save_pretrained`` writes them; ``--vocab-size`` drops the padded vocabulary rows; and
 ``--tokenizer-model`` copies the tokenizer files beside them. See ``hotswitch.huggingface`` for
 the names and the rotary layout.
+
+``--ckpt-format hotswitch|torch_dist`` instead re-saves a training checkpoint (hotswitch's
+format or ``torch.distributed.checkpoint``'s, either way) in that format, whole: weights,
+optimizer state, step and data position (one process loads and saves it):
+
+    python -m hotswitch.convert --load ckpt/step_00000100 --save dcp_ckpt/ --ckpt-format torch_dist
 """
 
 import argparse
@@ -38,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", required=True, help="a hotswitch checkpoint or a Hugging Face model directory")
     p.add_argument("--save", required=True, help="the Hugging Face directory or checkpoint root to write")
     p.add_argument("--dtype", default=None, choices=DTYPES, help="cast the weights (default: as stored)")
+    p.add_argument("--ckpt-format", default=None, choices=("hotswitch", "torch_dist"),
+                   help="re-save the training checkpoint of --load in this format under --save (weights, optimizer "
+                        "state, step, data position), instead of converting to or from Hugging Face")
     p.add_argument("--max-shard-size", default="5GB", type=_size,
                    help="largest safetensors shard going out: bytes, or with a KB/MB/GB suffix (default %(default)s)")
     p.add_argument("--vocab-size", type=int, default=None,
@@ -87,9 +96,47 @@ def _config(args, meta: dict, tensors, where: str) -> TransformerConfig:
                                args.rotary_base, args.norm_epsilon, where)
 
 
+def _reformat(rank, world, src: str, dst: str, ckpt_format: str, model: dict) -> str:
+    """Loads a training checkpoint into a one-process runtime and saves it in ``ckpt_format``."""
+    import hotswitch as hs
+
+    config = TransformerConfig(**model)
+    runtime = hs.Runtime(config, candidates="auto", max_context=config.max_position_embeddings,
+                         memory_budget_bytes=1 << 50, recalibrate=False)
+    info = runtime.load_checkpoint(src)
+    return runtime.save_checkpoint(dst, data_state=info["data_state"], extra=info["extra"], ckpt_format=ckpt_format)
+
+
+def _checkpoint_model(src: str) -> dict:
+    """``extra.model`` of a training checkpoint of either format (a step directory or a root)."""
+    from hotswitch.checkpoint import latest_checkpoint
+    from hotswitch.dist_checkpoint import MARKER
+    from hotswitch._checks import read_json_object
+
+    path = src if not os.path.isfile(os.path.join(src, "latest")) else (latest_checkpoint(src) or src)
+    for name in ("metadata.json", MARKER):
+        if os.path.isfile(os.path.join(path, name)):
+            meta = read_json_object(os.path.join(path, name), "checkpoint metadata")
+            model = (meta.get("extra") or {}).get("model") if isinstance(meta.get("extra"), dict) else None
+            if not isinstance(model, dict):
+                raise ValueError(f"{path}/{name} records no model config (extra.model): checkpoints of "
+                                 "python -m hotswitch.train do")
+            return model
+    raise ValueError(f"--load {src!r} is not a training checkpoint (no metadata.json or {MARKER})")
+
+
 def convert(args) -> str:
     """Runs one conversion; returns a line saying what was written."""
     src = args.load
+    if args.ckpt_format is not None:
+        from hotswitch.distributed import spawn
+
+        model = _checkpoint_model(src)
+        try:
+            path = spawn(1, _reformat, src, args.save, args.ckpt_format, model, timeout=3600)[0]
+        except RuntimeError as e:
+            raise ValueError(str(e).splitlines()[-1] if str(e) else "conversion failed") from None
+        return f"checkpoint {src} -> {path} ({args.ckpt_format})"
     if os.path.isfile(os.path.join(src, "config.json")):
         tensors, config = load_hf(src, args.dtype)
         path = write_tensors(args.save, tensors, step=0,

@@ -108,6 +108,8 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--save", "layout-independent checkpoints"),
     _accepted("--save-interval", "same"),
     _accepted("--load", "a checkpoint of any layout and world"),
+    _accepted("--ckpt-format", "torch_dist (or torch_dcp): torch.distributed.checkpoint; default hotswitch's own "
+                               "layout-independent format; --load reads either"),
     _accepted("--finetune", "same: the weights only; optimizer, RNG, iteration and data position start afresh"),
     _accepted("--no-load-optim", "same: the optimizer (and loss scaler) start afresh"),
     _accepted("--no-load-rng", "same"),
@@ -148,7 +150,6 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _ignored("--distributed-timeout-minutes", "use --timeout (seconds)", values=1),
     _ignored("--num-workers", "batches are drawn in the training process", values=1),
     _ignored("--data-cache-path", "no index caches are written", values=1),
-    _ignored("--ckpt-format", "checkpoints are hotswitch's layout-independent format", values=1),
     _accepted("--tensorboard-dir", "Megatron's scalar names (lm loss, learning-rate, grad-norm, loss-scale, "
                                    "iteration-time, batch-size), plus tokens-per-second, switch-share and phases"),
     _accepted("--wandb-project", "the same scalars to Weights & Biases (needs the wandb package)"),

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--save", default=None, help="directory to save checkpoints in")
     c.add_argument("--save-interval", type=int, default=None, help="save every N steps (and at the end)")
     c.add_argument("--load", default=None, help="checkpoint (step_N or a --save directory) to start from")
+    c.add_argument("--ckpt-format", default="hotswitch", choices=("hotswitch", "torch_dist", "torch_dcp"),
+                   help="how --save writes: hotswitch's own layout-independent format, or torch.distributed."
+                        "checkpoint (torch_dist and torch_dcp alike); --load reads either")
     c.add_argument("--finetune", action="store_true",
                    help="load the weights of --load only: the optimizer, RNG states, iteration and data position "
                         "start afresh (Megatron-LM's)")
@@ -435,7 +438,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     source = args.load or (args.save if args.resume else None)
     if source:
         from hotswitch.checkpoint import latest_checkpoint
-        path = source if os.path.exists(os.path.join(source, "metadata.json")) else latest_checkpoint(source)
+        is_step = any(os.path.exists(os.path.join(source, f)) for f in ("metadata.json", ".metadata"))
+        path = source if is_step else latest_checkpoint(source)
         if path is None and not args.resume:
             parser.error(f"--load {source!r} holds no checkpoint")
         if path is not None:
@@ -496,6 +500,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     metrics.flush()
         if args.save and (last or (args.save_interval and (it + 1) % args.save_interval == 0)):
             path = runtime.save_checkpoint(args.save, data_state=sampler.state_dict(),
+                                           ckpt_format="hotswitch" if args.ckpt_format == "hotswitch" else "torch_dist",
                                            extra={"model": dataclasses.asdict(config)})
             if rank == 0:
                 (bar.write if bar is not None else print)(f"saved {path}")

@@ -1,5 +1,6 @@
 """Rank functions of the checkpoint tests (module-level so that spawned ranks can import them)."""
 
+import dataclasses
 import os
 
 import torch
@@ -104,3 +105,25 @@ def load_parts(rank, world, root):
         rt.train_step(batch(STEPS[2], 2))
         out[name] = (info["step"], info["data_state"], rt.step, moments, loaded, _numpy(rt.full_weights()))
     return out
+
+
+def save_dcp_then_continue(rank, world, root, home, zero):
+    """``save_then_continue`` with the checkpoint written in DCP format."""
+    rt = _runtime(world, home, zero)
+    for i in range(2):
+        rt.train_step(batch(STEPS[i], i))
+    path = rt.save_checkpoint(root, data_state={"position": 2}, ckpt_format="torch_dist",
+                              extra={"model": dataclasses.asdict(rt.config)})
+    saved = _numpy(rt.full_weights())
+    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
+    return saved, losses, _numpy(rt.full_weights()), path
+
+
+def resume_any(rank, world, root, home, zero):
+    """``resume`` for any world (4 uses the test candidates, others 'auto')."""
+    torch.set_num_threads(1)
+    rt = _runtime(world, home, zero)
+    info = rt.load_checkpoint(root)
+    loaded = _numpy(rt.full_weights())
+    losses = [rt.train_step(batch(STEPS[i], i)).loss for i in (2, 3)]
+    return info, loaded, losses, _numpy(rt.full_weights())

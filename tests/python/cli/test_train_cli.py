@@ -229,3 +229,15 @@ def test_finetune_starts_from_the_weights_at_iteration_zero(tmp_path):
     assert "at step 0" in out.stdout and json.load(open(tuned))["steps"] == 2  # two new iterations, not zero
     out = _train(1, *COMMON, "--train-iters", "1", "--no-load-optim")
     assert out.returncode == 2 and "give --load" in out.stderr
+
+
+def test_a_torch_dist_checkpoint_resumes_where_it_stopped(tmp_path, full_run):
+    ckpt, rest = str(tmp_path / "ckpt"), str(tmp_path / "rest.json")
+    common = COMMON + ["--candidate-layouts", "dp2,tp2,pp2"]
+    out = _train(2, *common, "--train-iters", "2", "--save", ckpt, "--ckpt-format", "torch_dist")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert os.path.isfile(os.path.join(ckpt, "step_00000002", ".metadata"))
+    out = _train(2, *common, "--train-iters", "3", "--load", os.path.join(ckpt, "step_00000002"),
+                 "--summary-json", rest)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.load(open(rest))["losses"] == full_run["losses"][2:]  # bit for bit
