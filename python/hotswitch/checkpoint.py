@@ -234,6 +234,7 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
                                  for g in state_dict["optimizer"]["param_groups"]],
                 "data_state": data_state,
                 "extra": extra,
+                "recent": runtime.recent_batches(),
                 "manifest": entries,
                 "rng": [r for _, _, _, r in everyone],
             }
@@ -443,6 +444,7 @@ def _commit(runtime, path: str, meta: dict, new_states: dict, rng_states, load_o
                              "optimizer": {"state": opt_state, "param_groups": param_groups},
                              "skipped": 0 if reset_step else meta.get("skipped", 0),
                              "grad_scaler": meta.get("grad_scaler") if load_optimizer else None})
+    runtime.resume_home(meta.get("home"), meta.get("recent"))
     if rng_states is not None:
         torch.set_rng_state(rng_states["torch"])
         if rng_states.get("cuda") is not None and torch.cuda.is_available():

@@ -185,7 +185,7 @@ def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[
             "states": sorted(tensors), "scalars": scalars,
             "param_groups": [{k: v for k, v in g.items() if k != "params"}
                              for g in state_dict["optimizer"]["param_groups"]],
-            "data_state": data_state, "extra": extra,
+            "data_state": data_state, "extra": extra, "recent": runtime.recent_batches(),
         }
         try:
             _publish(tmp, root, name, meta, MARKER)

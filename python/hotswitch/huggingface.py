@@ -29,8 +29,6 @@ import os
 import shutil
 from typing import Dict, List, Optional, Tuple
 
-import safetensors
-import safetensors.torch
 import torch
 
 from hotswitch._checks import read_json_object
@@ -51,6 +49,8 @@ DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
 def read_safetensors(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
     """``(name -> tensor, metadata)`` of a safetensors file, through the ``safetensors``
     library (memory-mapped while read); ValueError naming the file for anything it refuses."""
+    import safetensors
+
     try:
         with safetensors.safe_open(path, framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
@@ -61,6 +61,9 @@ def read_safetensors(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]
 def write_safetensors(tensors: Dict[str, torch.Tensor], path: str, metadata: Optional[Dict[str, str]] = None) -> None:
     """Writes ``tensors`` with the ``safetensors`` library to a temporary file, then renames
     it: a reader never sees half a file."""
+    import safetensors
+    import safetensors.torch
+
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         safetensors.torch.save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata)

@@ -840,6 +840,24 @@ class Runtime:
                       move_seconds(home, new))
             self.move_home(self.candidates[new])
 
+    def recent_batches(self) -> Optional[List[List[int]]]:
+        """The lengths of the last batches the home is chosen over (``home_window``), for
+        checkpoints; None without a window."""
+        return [list(b) for b in self._recent] if self.settings.home_window else None
+
+    def resume_home(self, home: Optional[str], recent: Optional[Sequence[Sequence[int]]]) -> None:
+        """After a checkpoint load, with ``home_window``: moves the home to the one the run
+        had when it saved (when it is a candidate here) and restores the batches the home is
+        chosen over, so that a resumed run continues as the uninterrupted one. Collective."""
+        if not self.settings.home_window:
+            return
+        names = [c.name for c in self.candidates]
+        if home in names and home != self.home.name:
+            self.move_home(home)
+        self._recent.clear()
+        for lengths in recent or []:
+            self._recent.append([int(n) for n in lengths])
+
     def move_home(self, layout) -> int:
         """Moves the home layout, which holds the master weights, the optimizer's state and the
         gradient accumulator, to ``layout`` (a candidate, or its name), between steps: the

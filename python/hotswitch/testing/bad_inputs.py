@@ -179,11 +179,12 @@ def check(call, needle):
             call()
     except ValueError as e:
         return None if needle in str(e) else f"message {str(e)!r} does not name {needle!r}"
-    except SystemExit as e:  # argparse prints the usage and the message to stderr, then exits 2
-        message = err.getvalue().strip().splitlines()[-1:] or [""]
+    except SystemExit as e:  # a usage error: its lines on stderr, then exit status 2
+        lines = [l for l in err.getvalue().strip().splitlines() if "error:" in l] or \
+            err.getvalue().strip().splitlines()[-1:] or [""]
         if e.code != 2:
-            return f"exit code {e.code} ({message[0]!r})"
-        return None if needle in message[0] else f"usage error {message[0]!r} does not name {needle!r}"
+            return f"exit code {e.code} ({lines[0]!r})"
+        return None if any(needle in l for l in lines) else f"usage error {lines!r} does not name {needle!r}"
     except Exception as e:  # noqa: BLE001
         return f"raised {type(e).__name__}: {e}"
     return "accepted"

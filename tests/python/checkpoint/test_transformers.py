@@ -11,18 +11,21 @@ import os
 
 import numpy as np
 import pytest
-import safetensors.torch
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from hotswitch import huggingface as hf
-from hotswitch.checkpoint import read_tensors
-from hotswitch.cli import convert
-from hotswitch.model.config import TransformerConfig
-from hotswitch.model.layers import llama3_frequencies
-from hotswitch.testing.harness import run_world
-from tests.python.checkpoint import convert_workers as w
+safetensors_torch = pytest.importorskip("safetensors.torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from hotswitch import huggingface as hf  # noqa: E402
+from hotswitch.checkpoint import read_tensors  # noqa: E402
+from hotswitch.cli import convert  # noqa: E402
+from hotswitch.model.config import TransformerConfig  # noqa: E402
+from hotswitch.model.layers import llama3_frequencies  # noqa: E402
+from hotswitch.testing.harness import run_world  # noqa: E402
+from tests.python.checkpoint import convert_workers as w  # noqa: E402
 
 BASE = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=128,
             max_position_embeddings=256, rms_norm_eps=1e-5, hidden_act="silu")
@@ -103,7 +106,7 @@ def test_our_export_loads_in_transformers_and_computes_our_losses(tmp_path, styl
     with open(os.path.join(out, "model.safetensors.index.json")) as f:
         weight_map = json.load(f)["weight_map"]
     assert sorted(set(weight_map.values())) == shards
-    assert all(set(safetensors.torch.load_file(os.path.join(out, n))) == {k for k, v in weight_map.items() if v == n}
+    assert all(set(safetensors_torch.load_file(os.path.join(out, n))) == {k for k, v in weight_map.items() if v == n}
                for n in shards)
     loaded = LlamaForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()
     ours = dict(loaded.state_dict())

@@ -195,11 +195,12 @@ def test_tensorboard_scalars_carry_megatron_names_and_the_logged_values(tmp_path
 
 
 def test_every_refused_and_unknown_argument_is_reported_together_once(tmp_path):
-    out = _train(2, "--no-such-thing", "3", "--finetune", "--vocab-file", "v.json", "--other=1", "--train-iters", "1")
+    out = _train(2, "--no-such-thing", "3", "--num-experts", "4", "--fp8-format", "hybrid", "--other=1",
+                 "--train-iters", "1")
     assert out.returncode != 0
     err = out.stderr
-    for needle in ("unknown argument --no-such-thing", "unknown argument --other", "--finetune is refused",
-                   "--vocab-file is refused"):
+    for needle in ("unknown argument --no-such-thing", "unknown argument --other", "--num-experts is refused",
+                   "--fp8-format is refused"):
         assert err.count(needle) == 1, err  # rank 0 only, each once
     assert "usage:" not in err and len([l for l in err.splitlines() if "error:" in l]) == 4, err
 

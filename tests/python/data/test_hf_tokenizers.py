@@ -9,12 +9,15 @@ import subprocess
 import sys
 
 import pytest
-import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, GPT2Tokenizer
 
-from hotswitch.cli import preprocess_data
-from hotswitch.data import tokenizers as tk
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from transformers import AutoTokenizer, GPT2Tokenizer  # noqa: E402
+
+from hotswitch.cli import preprocess_data  # noqa: E402
+from hotswitch.data import tokenizers as tk  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CODE = ["def f(x):\n    return x + 1\n\n\nclass A:\n    pass\n", "import os\nprint(os.getcwd())  # héllo ∑\n",
