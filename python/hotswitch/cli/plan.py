@@ -56,6 +56,23 @@ def _table(plan, planner, min_gain: float = None) -> str:
     return "\n".join(rows)
 
 
+def _model(path: str) -> "_C.ModelConfig":
+    """The cost model's view of a model file: hotswitch's ``TransformerConfig`` fields (as
+    checkpoints record them) or a Hugging Face LLaMA ``config.json``."""
+    from hotswitch._checks import read_json_object
+    from hotswitch.huggingface import config_from_hf
+    from hotswitch.model.config import TransformerConfig
+
+    raw = read_json_object(path, "model config")
+    if "num_hidden_layers" in raw or "model_type" in raw:
+        return config_from_hf(raw, path).cost_config()
+    try:
+        return TransformerConfig(**raw).cost_config()
+    except TypeError as e:
+        raise ValueError(f"{path}: not a model config ({e}); expected TransformerConfig fields or a Hugging Face "
+                         "config.json") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hotswitch.cli.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,7 +81,13 @@ def main(argv=None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--hardware", default="a800",
                         help=f"one of {', '.join(_C.HardwareProfile.preset_names())}, or a profile FILE.json")
-    parser.add_argument("--lengths", required=True, help="file with one sequence length per line")
+    parser.add_argument("--lengths", required=True,
+                        help="file with one sequence length per line, or an indexed dataset (PREFIX of PREFIX.bin/.idx)")
+    parser.add_argument("--model-config", default=None, metavar="FILE.json",
+                        help="the model from a JSON file instead of --model: hotswitch TransformerConfig fields, or a "
+                             "Hugging Face LLaMA config.json")
+    parser.add_argument("--memory-budget-gb", type=float, default=None,
+                        help="GiB per GPU the plans may use (default: the hardware profile's memory)")
     parser.add_argument("--global-batch", type=int, default=512, help="sequences per step")
     parser.add_argument("--max-context", type=int, default=32768, help="longest piece a layout must hold")
     parser.add_argument("--long-sequences", default="truncate", choices=["truncate", "split", "reject"],
@@ -107,9 +130,16 @@ def main(argv=None) -> int:
                              f"got {args.recompute!r}")
         if args.plot is not None and not args.plot.endswith(".png"):
             raise ValueError(f"--plot must name a .png file, got {args.plot!r}")
-        model = _C.ModelConfig.preset(args.model)
+        model = _model(args.model_config) if args.model_config else _C.ModelConfig.preset(args.model)
         hardware = load_hardware(args.hardware)
-        topology = _C.Topology(args.gpus, args.gpus_per_node)
+        if args.memory_budget_gb is not None:
+            if not args.memory_budget_gb > 0:
+                raise ValueError(f"--memory-budget-gb must be a positive number, got {args.memory_budget_gb}")
+            fields = hardware.to_dict()
+            fields["memory_bytes"] = int(args.memory_budget_gb * 2**30)
+            hardware = _C.HardwareProfile.from_dict(fields)
+        # Fewer GPUs than a node: one partial node.
+        topology = _C.Topology(args.gpus, min(args.gpus_per_node, args.gpus))
         if args.context_parallel_size < 1:
             raise ValueError(f"--context-parallel-size must be >= 1, got {args.context_parallel_size}")
         if args.context_parallel_size != 1 and args.candidates != "auto":

@@ -196,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--eval-iters", type=int, default=10, help="validation batches per evaluation")
     o.add_argument("--metrics-file", default=None,
                    help="append each logged iteration's figures as one JSON object a line (rank 0)")
+    o.add_argument("--dry-run", action="store_true",
+                   help="plan the first batches exactly as this command would train them (model, hardware, memory "
+                        "budget, data, candidates) for --dry-run-gpus GPUs, print the plans and exit; no process group")
+    o.add_argument("--dry-run-gpus", type=int, default=None,
+                   help="GPUs of the dry run (default: the launch's WORLD_SIZE, or 8)")
+    o.add_argument("--dry-run-gpus-per-node", type=int, default=8)
+    o.add_argument("--dry-run-steps", type=int, default=1, help="batches the dry run plans")
     o.add_argument("--tensorboard-dir", default=None,
                    help="write TensorBoard scalars here (rank 0): Megatron's names, plus tokens-per-second, "
                         "switch-share and phases")
@@ -317,6 +324,12 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     if args.hot_switch and cp != 1 and args.candidate_layouts != "auto":
         parser.error(f"--context-parallel-size({cp}) with --hot-switch bounds the cp of --candidate-layouts auto; "
                      f"with listed layouts ({args.candidate_layouts}) name the cp layouts there")
+    if args.dry_run:
+        for name in ("dry_run_gpus", "dry_run_gpus_per_node", "dry_run_steps"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        world = args.dry_run_gpus or (world if "WORLD_SIZE" in os.environ else 8)
+        args.dry_run_gpus = world
     if world is not None and not args.hot_switch and world % (tp * pp * cp):
         parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) * context({cp}) "
                      f"parallel size")
@@ -402,10 +415,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     local = os.environ.get("LOCAL_WORLD_SIZE", "1")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(local) if local.isdigit() else 1)))
-    try:
-        rank, world, _ = init_distributed(timeout_s=args.timeout)
-    except ValueError as e:
-        parser.error(str(e))
+    if args.dry_run:
+        rank, world = 0, args.dry_run_gpus
+    else:
+        try:
+            rank, world, _ = init_distributed(timeout_s=args.timeout)
+        except ValueError as e:
+            parser.error(str(e))
     try:
         config = TransformerConfig(
             num_layers=args.num_layers, hidden_size=args.hidden_size,
@@ -416,7 +432,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             norm_eps=args.norm_epsilon, rope_theta=args.rotary_base,
             compute_dtype="bfloat16" if args.bf16 else "float16" if args.fp16 else None)
         settings = runtime_config(args, world)
-        if measure_overhead(args):
+        if measure_overhead(args) and not args.dry_run:
             settings = dataclasses.replace(settings, hardware=_measured_overhead(config, settings.hardware, rank))
         splits = open_splits(args.data_path or [default_corpus_dir()], args.split, args.tokenizer,
                              max_length=args.seq_length, max_files=args.max_files, unit=args.document_unit)
@@ -424,6 +440,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             splits.train, max_length=args.seq_length,
             global_batch_size=None if args.global_batch_tokens else args.global_batch_size,
             global_batch_tokens=args.global_batch_tokens, seed=args.seed, long_sequences=args.long_sequences)
+        if args.dry_run:
+            return dry_run(args, config, settings, sampler, world)
         runtime = Runtime(
             config, settings,
             optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay,
@@ -641,6 +659,49 @@ def format_iteration(r: dict) -> str:
             f"lm loss: {r['lm_loss']:.6E} | loss scale: {r['loss_scale']:.1f} | grad norm: {r['grad_norm']:.3f} | "
             f"number of skipped iterations: {r['skipped_iterations']:3d} | tokens/s: {r['tokens_per_s']:,.0f} | "
             f"layouts: {'+'.join(r['layouts'])} | switch share: {100 * r['switch_share']:.1f}% |")
+
+
+def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: RuntimeConfig, sampler, world: int) -> int:
+    """Plans the first ``--dry-run-steps`` batches of this command for ``world`` GPUs, as the
+    runtime would plan them before any re-calibration, and prints each plan's table."""
+    from hotswitch import _C
+    from hotswitch.cli.plan import _table
+    from hotswitch.hardware import load_hardware as _load
+    from hotswitch.planner import build_planner, check_candidates, load_fixed_plan, with_fixed_layouts
+
+    hardware = settings.hardware or _load("a100")
+    if settings.memory_budget_bytes is not None:
+        fields = hardware.to_dict()
+        fields["memory_bytes"] = settings.memory_budget_bytes
+        hardware = _C.HardwareProfile.from_dict(fields)
+    topology = _C.Topology(world, min(args.dry_run_gpus_per_node, world))
+    model = config.cost_config()
+    candidates = check_candidates(config, world, settings.candidates, settings.max_cp)
+    if settings.fixed_plan is not None:
+        candidates = with_fixed_layouts(candidates, load_fixed_plan(settings.fixed_plan, world, config,
+                                                                    settings.max_context))
+    modes = ["none", "selective", "full"] if settings.recompute == "auto" else [settings.recompute]
+    options = dict(max_context=settings.max_context, recompute=modes, min_gain=settings.min_gain,
+                   max_tokens_per_micro_batch=settings.max_tokens_per_micro_batch or 0)
+    names = [c.name for c in candidates]
+    if settings.home is not None:
+        home = names.index(Layout.parse(settings.home).name if isinstance(settings.home, str) else settings.home.name)
+    else:
+        n = len(candidates)
+        probe = _C.Planner(_C.CostModel(model, hardware, topology, zero=settings.zero), candidates, 0,
+                           [[0.0] * n for _ in range(n)], [0.0] * n, **options)
+        home = probe.plan([settings.max_context]).best_static_candidate
+    planner = build_planner(model, hardware, topology, candidates, home, zero=settings.zero, **options)
+    print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
+          f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
+          flush=True)
+    for step in range(args.dry_run_steps):
+        batch = sampler.next_batch()
+        lengths = [len(s) for s in batch]
+        plan = planner.plan(lengths)
+        print(f"\nbatch {step + 1}: {len(lengths)} sequences, {sum(lengths)} tokens, longest {max(lengths)}")
+        print(_table(plan, planner, settings.min_gain), flush=True)
+    return 0
 
 
 def _summary(results, runtime, world: int) -> dict:

@@ -125,7 +125,17 @@ class Corpus(Documents):
 
 
 def load_lengths(path: str) -> List[int]:
-    """Reads one positive integer per line; ValueError naming the file and line otherwise."""
+    """Document lengths: of a lengths file (one positive integer per line), or of an indexed
+    dataset (``PREFIX`` of ``PREFIX.bin``/``PREFIX.idx``, or either file's path) as
+    Megatron-LM's ``preprocess_data`` writes it. ValueError naming the file and line otherwise."""
+    from hotswitch.data.indexed import IndexedDataset, idx_path
+
+    prefix = path[:-4] if path.endswith((".idx", ".bin")) else path
+    if os.path.isfile(idx_path(prefix)):
+        lengths = [int(n) for n in IndexedDataset(prefix).lengths if n > 0]
+        if not lengths:
+            raise ValueError(f"indexed dataset {prefix!r} holds no documents")
+        return lengths
     try:
         with open(path) as f:
             text = f.read().split("\n")

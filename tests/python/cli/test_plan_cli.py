@@ -269,3 +269,35 @@ def test_min_gain_keeps_the_step_in_one_phase_unless_switching_wins_by_it(length
         cli.main(args + ["--min-gain", "-0.5"])
     assert info.value.code == 2
     assert "--min-gain must be a fraction >= 0 (0.01: 1%), got -0.5" in capsys.readouterr().err
+
+
+def test_the_dry_run_takes_a_dataset_a_model_file_a_budget_and_part_of_a_node(tmp_path, capsys):
+    from hotswitch import huggingface as hf
+    from hotswitch.data.indexed import IndexedDatasetBuilder
+    from hotswitch.model.config import TransformerConfig
+
+    prefix = str(tmp_path / "docs_text_document")
+    builder = IndexedDatasetBuilder(prefix)
+    for n in LENGTHS * 8:
+        builder.add_document([7] * n)
+    builder.finalize()
+    assert sorted(set(load_lengths(prefix))) == sorted(set(LENGTHS))
+    assert load_lengths(prefix + ".bin") == load_lengths(prefix)
+    config = TransformerConfig(num_layers=8, hidden_size=1024, num_attention_heads=16, num_query_groups=4,
+                               ffn_hidden_size=2816, vocab_size=32000, max_position_embeddings=32768)
+    (tmp_path / "config.json").write_text(json.dumps(hf.config_to_hf(config)))
+    (tmp_path / "model.json").write_text(json.dumps({"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16,
+                                                     "num_query_groups": 4, "ffn_hidden_size": 2816,
+                                                     "vocab_size": 32000, "max_position_embeddings": 32768}))
+    outputs = []
+    for model in ("config.json", "model.json"):
+        assert cli.main(["--model-config", str(tmp_path / model), "--gpus", "4", "--hardware", "h100",
+                         "--lengths", prefix, "--global-batch", "32", "--max-context", "20000",
+                         "--memory-budget-gb", "40", "--home", "static", "--rank-order", "megatron"]) == 0
+        out = capsys.readouterr().out
+        _match(_STEP, out.splitlines())
+        outputs.append(out)
+    assert outputs[0] == outputs[1]  # the same model either way
+    with pytest.raises(SystemExit):
+        cli.main(["--model-config", str(tmp_path / "lengths.txt"), "--lengths", prefix])
+    assert "model config" in capsys.readouterr().err

@@ -242,3 +242,14 @@ def test_a_torch_dist_checkpoint_resumes_where_it_stopped(tmp_path, full_run):
                  "--summary-json", rest)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.load(open(rest))["losses"] == full_run["losses"][2:]  # bit for bit
+
+
+def test_the_dry_run_plans_the_training_command_without_a_process_group(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "hotswitch.train", *MODEL, *COMMON, "--candidate-layouts", "auto",
+                          "--dry-run", "--dry-run-gpus", "4", "--dry-run-gpus-per-node", "2", "--dry-run-steps", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("dry run: 4 GPUs (2 per node), hardware a100, 0.00 GiB per GPU")
+    assert sum(l.startswith("batch ") for l in lines) == 2 and sum(l.startswith("predicted step") for l in lines) == 2
+    assert "summary:" not in out.stdout  # nothing trained

@@ -164,6 +164,12 @@ def test_a_context_no_layout_holds_is_refused_at_construction():
         assert m is not None and "max_context(256)" in m and "the longest that fits is" in m
 
 
+def test_a_model_whose_state_alone_exceeds_the_budget_is_refused_saying_so():
+    for m in run_world(4, w.model_too_large, timeout=300):
+        assert m is not None and "weights, gradients and optimizer state alone take" in m, m
+        assert "under tp2pp2, the layout that shards them most" in m and "20000 bytes per rank" in m, m
+
+
 def test_recalibrated_run_plans_alike_on_every_rank_and_equals_single_process(reference):
     out = run_world(4, w.train, CANDIDATES, False, "auto", True, w.STEPS, True, timeout=600)
     profiles = [o[0][-1] for o in out]

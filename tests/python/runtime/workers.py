@@ -182,6 +182,16 @@ def too_long_for_memory(rank, world):
     return None
 
 
+def model_too_large(rank, world):
+    """A budget below the model's own state is refused naming what does not fit."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+    try:
+        hs.Runtime(cfg, candidates=["dp4", "dp2tp2", "tp2pp2"], hardware=hardware(20_000), max_context=MAX_CONTEXT)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def train_and_record_plans(rank, world, candidates, steps):
     """Trains ``steps`` (lists of lengths) with a fixed cost model; returns per step the plan
     as this rank saw it (layouts, per phase its sequences, tokens, micro-batches, gradient
