@@ -38,6 +38,7 @@ PROFILE = os.path.join(ROOT, "examples", "cpu_profile.json")
 def _model_args(a) -> list:
     return ["--num-layers", str(a.num_layers), "--hidden-size", str(a.hidden_size), "--num-attention-heads", "4",
             "--seq-length", str(a.seq_length), "--global-batch-size", str(a.global_batch_size),
+            "--global-batch-documents",
             "--train-iters", str(a.steps), "--lr", "1e-3", "--seed", "1234", "--no-progress",
             "--memory-budget-gb", repr(a.budget_mb / 1024), "--hardware", a.profile, "--log-interval", "1"]
 

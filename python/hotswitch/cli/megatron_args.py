@@ -65,8 +65,9 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--rotary-base", "same"),
     # training
     _accepted("--micro-batch-size", "caps a packed micro-batch at micro-batch-size x seq-length tokens"),
-    _accepted("--global-batch-size", "differs: counts whole documents (up to --seq-length tokens each), not "
-                                      "sequences of --seq-length tokens; --global-batch-tokens counts tokens"),
+    _accepted("--global-batch-size", "sequences of --seq-length tokens: a step draws whole documents until the "
+                                      "next would pass that many tokens (at most one document fewer than Megatron's "
+                                      "packed step); --global-batch-documents counts documents instead"),
     _accepted("--train-iters", "same"),
     _accepted("--lr", "same, but 1e-3 when not given (Megatron-LM has no default)"),
     _accepted("--min-lr", "same"),

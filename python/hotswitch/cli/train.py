@@ -93,8 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("training")
     t.add_argument("--micro-batch-size", type=int, default=None,
                    help="sequences of --seq-length per micro-batch: caps a micro-batch's tokens")
-    t.add_argument("--global-batch-size", type=int, default=32, help="sequences per step")
-    t.add_argument("--global-batch-tokens", type=int, default=None, help="tokens per step instead")
+    t.add_argument("--global-batch-size", type=int, default=32,
+                   help="sequences of --seq-length tokens per step, as in Megatron-LM: a step draws whole documents "
+                        "until the next would pass global-batch-size x seq-length tokens")
+    t.add_argument("--global-batch-tokens", type=int, default=None,
+                   help="tokens per step instead (default: global-batch-size x seq-length)")
+    t.add_argument("--global-batch-documents", action="store_true",
+                   help="count --global-batch-size in documents instead: each step holds that many whole documents")
     t.add_argument("--train-iters", type=int, default=10)
     t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     t.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
@@ -228,6 +233,8 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error("\n".join(problems))
     for line in warnings if int(os.environ.get("RANK", "0") or 0) == 0 else ():
         print(line, file=sys.stderr, flush=True)
+    if args.global_batch_documents and args.global_batch_tokens:
+        parser.error("--global-batch-documents and --global-batch-tokens exclude each other: give one")
     if args.bf16 and args.fp16:
         parser.error("--bf16 and --fp16 exclude each other: give one")
     for name in ("init_method_std", "norm_epsilon", "rotary_base", "adam_eps", "initial_loss_scale",
@@ -256,6 +263,8 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error("--finetune, --no-load-optim and --no-load-rng apply to the checkpoint of --load; give --load")
     if args.finetune and args.resume:
         parser.error("--finetune starts from the weights of --load; --resume continues a run: give one of them")
+    if not args.global_batch_documents and args.global_batch_tokens is None:
+        args.global_batch_tokens = args.global_batch_size * args.seq_length
     missing = ScalarWriters.check(args)
     if missing:
         parser.error(missing)
