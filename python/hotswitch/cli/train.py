@@ -263,6 +263,8 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error("--finetune, --no-load-optim and --no-load-rng apply to the checkpoint of --load; give --load")
     if args.finetune and args.resume:
         parser.error("--finetune starts from the weights of --load; --resume continues a run: give one of them")
+    # Megatron's "consumed samples" count global-batch-size per step, unless the step is a token budget.
+    args.samples_per_step = None if args.global_batch_tokens else args.global_batch_size
     if not args.global_batch_documents and args.global_batch_tokens is None:
         args.global_batch_tokens = args.global_batch_size * args.seq_length
     missing = ScalarWriters.check(args)
@@ -485,7 +487,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         bar = tqdm(total=args.train_iters, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
     results = []
     metrics = open(args.metrics_file, "a") if rank == 0 and args.metrics_file else None
-    consumed = start_step * args.global_batch_size if not args.global_batch_tokens else 0
+    consumed = start_step * args.samples_per_step if args.samples_per_step else 0
     skipped_in_interval = 0
     for it in range(start_step, args.train_iters):
         batch = sampler.next_batch()
@@ -495,7 +497,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.schedule.apply(runtime.optimizer, runtime.updates)
         result = runtime.train_step(batch)
         results.append(result)
-        consumed += len(batch)
+        consumed += args.samples_per_step or len(batch)
         skipped_in_interval += int(result.skipped)
         tps = result.tokens / result.seconds
         layouts = "+".join(result.layouts)

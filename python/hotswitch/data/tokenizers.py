@@ -317,7 +317,7 @@ def build_tokenizer(tokenizer_type: str = "ByteTokenizer", tokenizer_model: Opti
             raise ValueError(f"ByteTokenizer takes no tokenizer model, got {tokenizer_model!r}")
         return ByteTokenizer()
     if tokenizer_model is None:
-        raise ValueError(f"{tokenizer_type} needs a tokenizer model (--tokenizer-model)")
+        raise ValueError(f"{tokenizer_type} needs a tokenizer model file or directory (--tokenizer-model)")
     cls = {"SentencePieceTokenizer": SentencePieceTokenizer, "Llama2Tokenizer": Llama2Tokenizer,
            "HuggingFaceTokenizer": HuggingFaceTokenizer}[tokenizer_type]
     return cls(tokenizer_model)

@@ -12,7 +12,8 @@ from tests.python.cli.test_train_cli import ROOT, _train
 
 # hotswitch.train's options that are not Megatron-LM's.
 OWN = {"--help", "--global-batch-tokens", "--hot-switch", "--candidate-layouts", "--home-layout",
-       "--memory-budget-gb", "--hardware", "--micro-batch-overhead", "--min-gain", "--fixed-plan", "--home-window", "--trust-error", "--no-trust", "--timeout", "--no-recalibrate",
+       "--memory-budget-gb", "--hardware", "--micro-batch-overhead", "--min-gain", "--fixed-plan", "--home-window", "--trust-error", "--no-trust", "--timeout", "--dry-run", "--dry-run-gpus",
+       "--dry-run-gpus-per-node", "--dry-run-steps", "--global-batch-documents", "--no-recalibrate",
        "--document-unit", "--long-sequences", "--max-files", "--resume", "--no-progress", "--summary-json",
        "--metrics-file"}
 

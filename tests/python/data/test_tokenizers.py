@@ -84,7 +84,9 @@ def test_tokenizers_that_do_not_load_are_refused_naming_the_file(tmp_path):
             tk.build_tokenizer(kind, str(tmp_path / "missing.model"))
         with pytest.raises(ValueError, match="needs a tokenizer model file"):
             tk.build_tokenizer(kind)
-    with pytest.raises(ValueError, match="'GPT2BPETokenizer' is not one of"):
+    with pytest.raises(ValueError, match="'BertWordPieceTokenizer' is not one of"):
+        tk.build_tokenizer("BertWordPieceTokenizer")
+    with pytest.raises(ValueError, match="GPT2BPETokenizer needs --vocab-file: None is not a file"):
         tk.build_tokenizer("GPT2BPETokenizer")
     with pytest.raises(ValueError, match="ByteTokenizer takes no tokenizer model"):
         tk.build_tokenizer("ByteTokenizer", str(garbage))
