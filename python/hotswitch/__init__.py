@@ -60,20 +60,18 @@ from hotswitch.checkpoint import CheckpointError  # noqa: E402
 from hotswitch.distributed import init_distributed, spawn  # noqa: E402
 from hotswitch.calibration import calibrate  # noqa: E402
 
+# The public API: what a training script needs. Everything else stays importable from its
+# module (hotswitch.model, hotswitch.calibration, hotswitch.logging, ...).
 __all__ = [
     "CheckpointError",
     "CostModel",
     "HardwareProfile",
     "Layout",
-    "MicroBatch",
     "ModelConfig",
     "NonFiniteLoss",
-    "ParallelGroups",
-    "ParallelTransformer",
     "ParamSpec",
     "PhaseResult",
     "Placement",
-    "PlannedPhase",
     "Planner",
     "Runtime",
     "RuntimeConfig",
@@ -85,19 +83,9 @@ __all__ = [
     "TensorSet",
     "Topology",
     "TransformerConfig",
-    "calibrate",
-    "count_targets",
-    "get_logger",
     "init_distributed",
-    "init_shards",
     "llama_tensor_set",
     "load_hardware",
-    "load_profile",
     "plan_switch",
-    "save_profile",
-    "set_log_level",
-    "shard_tensors",
-    "spawn",
-    "split_replicas",
     "switch",
 ]

@@ -20,7 +20,6 @@ partial one or one whose files DCP cannot read.
 """
 
 import io
-import json
 import os
 import shutil
 from typing import Dict, List, Optional, Tuple
@@ -37,6 +36,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
 
 from hotswitch._boxes import local_views, owned_pieces
+from hotswitch._checkpoint_state import CheckpointError, _agree, _commit, _publish, _states
+from hotswitch._checks import read_json_object
 from hotswitch.logging import get_logger
 
 __all__ = ["DCP_FORMAT", "MARKER", "is_dcp_checkpoint", "load", "save"]
@@ -137,8 +138,6 @@ def _reason(e: BaseException) -> str:
 
 def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[dict] = None) -> str:
     """Saves as ``hotswitch.checkpoint.save`` does, in DCP format; returns the path."""
-    from hotswitch.checkpoint import CheckpointError, _agree, _publish, _states
-
     group, rank = runtime.control, runtime.rank
     root = os.fspath(root)
     name = f"step_{runtime.step:08d}"
@@ -202,9 +201,6 @@ def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[
 
 def load(runtime, path: str, load_optimizer: bool = True, load_rng: bool = True, reset_step: bool = False) -> dict:
     """Loads a DCP checkpoint as ``hotswitch.checkpoint.load`` does (the same options)."""
-    from hotswitch.checkpoint import CheckpointError, _agree
-    from hotswitch._checks import read_json_object
-
     group, rank = runtime.control, runtime.rank
     ok, message, meta, planner, new_states = True, "", None, None, {}
     try:
@@ -263,6 +259,5 @@ def load(runtime, path: str, load_optimizer: bool = True, load_rng: bool = True,
         ok, message = False, f"{path}: DCP could not read it ({_reason(e)})"
     _agree(ok, message, group)
 
-    from hotswitch.checkpoint import _commit
     return _commit(runtime, path, meta, new_states, planner.bytes.get(f"rng/rank_{rank:05d}"),
                    load_optimizer, reset_step)

@@ -129,3 +129,13 @@ def test_public_api_exports_what_users_need_and_every_error_it_raises():
         assert name not in hs.__all__, name
     assert issubclass(hs.NonFiniteLoss, ValueError) and issubclass(hs.CheckpointError, ValueError)
     assert issubclass(hs.SwitchTimeout, hs.SwitchFault)
+
+
+def test_the_public_api_is_at_most_25_names_and_the_rest_lives_in_its_modules():
+    assert len(hs.__all__) <= 25 and len(set(hs.__all__)) == len(hs.__all__)
+    from hotswitch.calibration import calibrate  # noqa: F401
+    from hotswitch.distributed import spawn  # noqa: F401
+    from hotswitch.hardware import load_profile, save_profile  # noqa: F401
+    from hotswitch.logging import get_logger, set_log_level  # noqa: F401
+    from hotswitch.model import MicroBatch, ParallelGroups, ParallelTransformer, count_targets, split_replicas  # noqa
+    from hotswitch.specs import shard_tensors  # noqa: F401

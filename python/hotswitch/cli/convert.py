@@ -98,10 +98,10 @@ def _config(args, meta: dict, tensors, where: str) -> TransformerConfig:
 
 def _reformat(rank, world, src: str, dst: str, ckpt_format: str, model: dict) -> str:
     """Loads a training checkpoint into a one-process runtime and saves it in ``ckpt_format``."""
-    import hotswitch as hs
+    from hotswitch.runtime import Runtime
 
     config = TransformerConfig(**model)
-    runtime = hs.Runtime(config, candidates="auto", max_context=config.max_position_embeddings,
+    runtime = Runtime(config, candidates="auto", max_context=config.max_position_embeddings,
                          memory_budget_bytes=1 << 50, recalibrate=False)
     info = runtime.load_checkpoint(src)
     return runtime.save_checkpoint(dst, data_state=info["data_state"], extra=info["extra"], ckpt_format=ckpt_format)

@@ -35,7 +35,7 @@ from hotswitch.distributed import init_distributed
 from hotswitch.config import RuntimeConfig
 from hotswitch.hardware import load_hardware
 from hotswitch.logging import get_logger
-from hotswitch.cli import megatron_args
+import hotswitch.cli.megatron_args as megatron_args
 from hotswitch.model.config import TransformerConfig
 from hotswitch.precision import LossScaling
 from hotswitch.runtime import Runtime

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from hotswitch import _C
-from hotswitch.model import attention
+import hotswitch.model.attention as attention
 
 __all__ = ["CP_MIN_CHUNK", "ContextSplit", "ContextAttention", "split_pieces", "split_sequences"]
 

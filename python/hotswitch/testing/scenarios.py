@@ -20,7 +20,7 @@ from hotswitch._C import HardwareProfile
 from hotswitch.checkpoint import latest_checkpoint
 from hotswitch.model.config import TransformerConfig
 from hotswitch.runtime import Runtime
-from hotswitch.testing import faults
+import hotswitch.testing.faults as faults
 
 __all__ = ["BUDGET", "CANDIDATES", "FAULT_STEPS", "LR", "MAX_CONTEXT", "STEPS", "TINY", "VICTIM", "batch",
            "fault_runtime", "hardware", "resume", "same_weights", "scenario", "snapshot", "uninterrupted"]
