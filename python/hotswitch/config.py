@@ -45,7 +45,7 @@ class RuntimeConfig:
     a static run would pick."""
 
     hardware: Optional[HardwareProfile] = None
-    """The cost model's hardware profile (a preset or calibrated). Default: the ``a100`` preset."""
+    """The cost model's hardware profile (a preset or calibrated). Default: the ``a800`` preset (as the dry run's)."""
 
     memory_budget_bytes: Optional[int] = None
     """Per-rank memory the planner never exceeds, overriding the profile's ``memory_bytes``."""

@@ -355,7 +355,8 @@ def save_hf(directory: str, tensors: Dict[str, torch.Tensor], config: Transforme
     sources = []
     if tokenizer is not None:
         if os.path.isdir(tokenizer):
-            sources = [os.path.join(tokenizer, n) for n in TOKENIZER_FILES if os.path.isfile(os.path.join(tokenizer, n))]
+            sources = [os.path.join(tokenizer, n) for n in TOKENIZER_FILES
+                       if os.path.isfile(os.path.join(tokenizer, n))]
         elif os.path.isfile(tokenizer):
             sources = [tokenizer]
         if not sources:

@@ -180,7 +180,7 @@ class Runtime:
         if s.fixed_plan is not None:
             fixed = load_fixed_plan(s.fixed_plan, self.world, config, max_context)
             self.candidates = with_fixed_layouts(self.candidates, fixed)
-        hardware = HardwareProfile.preset("a100") if s.hardware is None else s.hardware
+        hardware = HardwareProfile.preset("a800") if s.hardware is None else s.hardware
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
         self.hardware = hardware

@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--hidden-size", type=int, default=128)
     m.add_argument("--num-attention-heads", type=int, default=4)
     m.add_argument("--num-query-groups", type=int, default=None, help="KV heads (default: attention heads)")
-    m.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 8/3 of --hidden-size rounded down to a multiple of 64 (at least 64), "
+    m.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="default: 8/3 of --hidden-size rounded down to a multiple of 64 (at least 64), "
                         "as Megatron-LM's --swiglu sets it")
     m.add_argument("--seq-length", type=int, default=1024, help="the longest sequence (max context)")
     m.add_argument("--max-position-embeddings", type=int, default=None, help="default: --seq-length")
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--candidate-layouts", default="auto", help='"auto" or e.g. "dp4,dp2tp2,tp2pp2"')
     par.add_argument("--home-layout", default=None, help="layout of the master weights (default: chosen)")
     par.add_argument("--memory-budget-gb", type=float, default=None, help="per-rank memory the plans respect")
-    par.add_argument("--hardware", default="a100", help="cost profile: a preset name or a calibrated JSON file")
+    par.add_argument("--hardware", default="a800", help="cost profile: a preset name or a calibrated JSON file")
     par.add_argument("--micro-batch-overhead", default="auto", choices=("auto", "measure", "profile"),
                      help="the fixed cost per layer and micro-batch the plans count: measured on rank 0's device "
                           "before training (measure), or --hardware's (profile); auto measures when hot-switching "
@@ -680,7 +681,7 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     from hotswitch.hardware import load_hardware as _load
     from hotswitch.planner import build_planner, check_candidates, load_fixed_plan, with_fixed_layouts
 
-    hardware = settings.hardware or _load("a100")
+    hardware = settings.hardware or _load("a800")
     if settings.memory_budget_bytes is not None:
         fields = hardware.to_dict()
         fields["memory_bytes"] = settings.memory_budget_bytes

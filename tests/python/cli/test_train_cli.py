@@ -250,6 +250,6 @@ def test_the_dry_run_plans_the_training_command_without_a_process_group(tmp_path
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("dry run: 4 GPUs (2 per node), hardware a100, 0.00 GiB per GPU")
+    assert lines[0].startswith("dry run: 4 GPUs (2 per node), hardware a800, 0.00 GiB per GPU")
     assert sum(l.startswith("batch ") for l in lines) == 2 and sum(l.startswith("predicted step") for l in lines) == 2
     assert "summary:" not in out.stdout  # nothing trained
