@@ -118,8 +118,9 @@ class RuntimeConfig:
 
     trust_error: Optional[float] = 0.25
     """Protects the run while the cost model learns the machine. A layout other than the home
-    is trusted once a warm phase under it (not its first in this process) ran within this
-    relative error of its predicted compute time, and loses that trust when one does not.
+    is trusted once a warm phase under it (not its first in this process), planned with a
+    re-calibrated model, ran within this relative error of its predicted compute time, and
+    loses that trust when one does not.
     A step may try at most one untrusted layout; a layout whose phase disagreed is left out
     of the next 1, 2, 4, ... steps (doubling with each disagreement) while the re-calibrated
     model catches up. Applies with ``recalibrate`` (without it the model is fixed and plans

@@ -244,6 +244,7 @@ class Runtime:
         self.prediction_errors: List[float] = []
         self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
+        self._fits_applied = 0
         self._overhead_s = 0.0
         self._owned = None  # the accumulator's pieces this rank counts in the gradient norm
         self._optimizer_s = 0.0  # the last step's, for the next step's overhead observation
@@ -706,7 +707,9 @@ class Runtime:
         ``compute_s``: each phase's forward and backward seconds on the slowest rank, so that
         every rank decides alike."""
         threshold = self.settings.trust_error
-        if not self._protecting:
+        # Before the first refit the model's scale is the starting profile's: a miss then says
+        # nothing about one layout.
+        if not self._protecting or not self._fits_applied:
             return
         for ph, measured, was_cold in zip(plan.phases, compute_s, cold):
             name = ph.layout.name
@@ -762,6 +765,7 @@ class Runtime:
         hardware = _C.HardwareProfile.from_dict(fields)
         self.hardware = hardware
         self._switch_scale, self._overhead_s = values[-2], values[-1]
+        self._fits_applied += 1
         self.cost = self._cost_model(hardware)
         self.planner = self._build_planner()
         self._restricted = {}
