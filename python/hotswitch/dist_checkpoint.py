@@ -174,7 +174,12 @@ def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[
         dcp.save({}, storage_writer=dcp.FileSystemWriter(tmp), planner=_BoxSavePlanner(items), process_group=group)
     except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure, raised everywhere
         ok, message = False, _reason(e)
-    _agree(ok, message, group)
+    try:
+        _agree(ok, message, group)
+    except CheckpointError as e:
+        if rank == 0:  # every rank is done writing: the partial directory goes
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"saving {os.path.join(root, name)} failed: {e}") from None
     if rank == 0:
         meta = {
             "format": DCP_FORMAT, "step": runtime.step, "skipped": state_dict["skipped"],

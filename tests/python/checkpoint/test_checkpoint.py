@@ -120,9 +120,10 @@ def test_a_checkpoint_of_another_model_is_refused(saved):
         assert "embedding.weight" in message and "[128, 32]" in message
 
 
-def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("ckpt_format", ["hotswitch", "torch_dist"])
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, ckpt_format):
     root = str(tmp_path / "ckpt")
-    out = run_world(2, w.failed_save, root, timeout=300)
+    out = run_world(2, w.failed_save, root, ckpt_format, timeout=300)
     for first, message, latest, entries in out:
         assert message is not None and "rank 0" in message
         assert latest == first and first.endswith("step_00000001")

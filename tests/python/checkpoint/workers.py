@@ -68,14 +68,14 @@ def refuse(rank, world, path, hidden):
     return message, unchanged, rt.step
 
 
-def failed_save(rank, world, root):
+def failed_save(rank, world, root, ckpt_format="hotswitch"):
     """A save that fails (metadata that cannot be written) leaves the previous checkpoint."""
     rt = _runtime(world, None)
     rt.train_step(batch(STEPS[0], 0))
-    first = rt.save_checkpoint(root)
+    first = rt.save_checkpoint(root, ckpt_format=ckpt_format)
     rt.train_step(batch(STEPS[1], 1))
     try:
-        rt.save_checkpoint(root, data_state={"bad": object()})
+        rt.save_checkpoint(root, data_state={"bad": object()}, ckpt_format=ckpt_format)
     except hs.CheckpointError as e:
         message = str(e)
     else:
