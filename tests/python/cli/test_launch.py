@@ -20,7 +20,9 @@ dist.all_reduce(t)
 sys.stdout.write(f"rank {rank}/{world} local {local} of {os.environ['LOCAL_WORLD_SIZE']} sum {t.item()}\\n")
 sys.stdout.flush()
 if len(sys.argv) > 1 and rank == int(sys.argv[1]):
-    sys.exit(7)
+    # Exit at once: left to interpreter shutdown with its peer still connected, gloo's
+    # teardown may abort the process ("terminate called without an active exception", -6).
+    os._exit(7)
 if len(sys.argv) > 1:
     import time; time.sleep(600)  # a rank that would wait forever for the failed one
 dist.barrier()
