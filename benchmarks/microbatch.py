@@ -12,11 +12,15 @@ what is outside the layers. Fitted: ``layer seconds = overhead + a * T + b * T^2
   fp32 master weights and bf16 compute under autocast, 1 and 3 layers.
 
 The CPU's proxies of the launch overhead, measured on every run whatever the device:
-``kernels_per_layer`` — ATen operators other than views that one layer dispatches per
-micro-batch, forward and backward (each at least one kernel launch on a GPU), at tp1 and tp2
-(2 gloo ranks), on a 16-token micro-batch of the CPU model under bf16 autocast, as the GPU
-runs (``hotswitch.calibration.overhead.count_layer_ops``); and ``host_layer_s_16`` — the
-seconds per layer of a 16-token micro-batch on the CPU (only when timing on the CPU).
+``kernels_per_layer`` — the kernels one layer launches per micro-batch, forward and backward:
+ATen operators other than views and allocations (each at least one kernel launch on a GPU)
+plus launches of the fused Triton kernels, at tp1 and tp2 (2 gloo ranks), on a 16-token
+micro-batch of the CPU model under bf16 autocast, with the fused steps as CUDA runs them
+(Triton, interpreted on the CPU; ``hotswitch.calibration.overhead.count_layer_ops``);
+``kernels_per_layer_unfused`` — the same with the PyTorch path of those steps (the layer
+before they were fused, and the CPU's path); and ``host_layer_s_16`` — the seconds per layer
+of a 16-token micro-batch on the CPU (PyTorch path; only when timing on the CPU). Without
+``triton`` installed only the unfused count is reported.
 
 ``micro_batch_s`` is per token count the time of a micro-batch through the model with the
 larger layer count; ``layer_micro_batch_s`` the time per layer of a micro-batch. With
@@ -29,6 +33,7 @@ cost.
 """
 
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -93,13 +98,20 @@ def main(argv=None):
           f"per score {costs.per_score_seconds:.4g} s; largest relative error {costs.fit_error_max:.1%}")
     count_config = hs.TransformerConfig(num_layers=max(LAYERS), max_position_embeddings=max(CPU_TOKENS), **CPU_MODEL,
                                         compute_dtype="bfloat16")
-    kernels = {}
+    kernels = {"unfused": {}, "fused": {}}
+    paths = ("torch", "triton") if importlib.util.find_spec("triton") is not None else ("torch",)
+    for path in paths:
+        for tp in (1, 2):
+            ops = count_layer_ops(count_config, tp=tp, tokens=16, layer_counts=LAYERS, kernels=path)
+            kernels["fused" if path == "triton" else "unfused"][f"tp{tp}"] = ops["kernels"]
+            top = ", ".join(f"{k} {v:g}" for k, v in list(ops.items())[3:9])
+            print(f"tp{tp}, {path} steps: {ops['kernels']:g} kernels, {ops['views']:g} views and "
+                  f"{ops['allocations']:g} allocations per layer and micro-batch (16 tokens, bf16 autocast, "
+                  f"CPU model), most: {top}")
     for tp in (1, 2):
-        ops = count_layer_ops(count_config, tp=tp, tokens=16, layer_counts=LAYERS)
-        kernels[f"tp{tp}"] = ops["kernels"]
-        top = ", ".join(f"{k} {v:g}" for k, v in list(ops.items())[2:8])
-        print(f"tp{tp}: {ops['kernels']:g} kernels and {ops['views']:g} views per layer and micro-batch "
-              f"(16 tokens, bf16 autocast, CPU model), most: {top}")
+        if f"tp{tp}" in kernels["fused"]:
+            print(f"tp{tp}: fused steps launch {kernels['unfused'][f'tp{tp}'] / kernels['fused'][f'tp{tp}']:.2f}x "
+                  f"fewer kernels per layer than the unfused layer")
     result = {
         "device": costs.device,
         "device_name": costs.device_name,
@@ -110,7 +122,8 @@ def main(argv=None):
         "layer_micro_batch_s": {str(t): s for t, s in zip(costs.token_counts, costs.layer_seconds)},
         "layer_overhead_seconds": costs.layer_overhead_seconds,
         "fit_error_max": costs.fit_error_max,
-        "kernels_per_layer": kernels,
+        "kernels_per_layer": kernels["fused"] or None,
+        "kernels_per_layer_unfused": kernels["unfused"],
         "seconds": costs.seconds,
     }
     if costs.device == "cpu" and 16 in costs.token_counts:

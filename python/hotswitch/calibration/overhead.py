@@ -31,11 +31,15 @@ from hotswitch.calibration.offline import _nnls
 from hotswitch.distributed import spawn
 from hotswitch.logging import get_logger
 from hotswitch.model.config import TransformerConfig
+from hotswitch.model.fused import KERNELS, LAUNCHES
 
 __all__ = ["MicroBatchCosts", "agreed_layer_overhead", "count_layer_ops", "default_token_counts", "fit_layer_seconds",
            "measure_micro_batch", "with_layer_overhead"]
 
 _log = get_logger("calibrate")
+
+# Factory operators that only allocate: no kernel runs.
+_ALLOCATIONS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided"})
 
 
 @dataclasses.dataclass
@@ -182,7 +186,11 @@ def measure_micro_batch(config: TransformerConfig, token_counts: Sequence[int], 
 def _count_rank(rank: int, world: int, spec: dict) -> dict:
     """Every rank of a world of ``tp``: the operators dispatched per layer (runs spawned)."""
     import collections
+    import os
 
+    if spec["kernels"] == "triton":
+        # Before the kernels' module is imported: it decides between compiling and interpreting.
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -197,8 +205,10 @@ def _count_rank(rank: int, world: int, spec: dict) -> dict:
             self.ops = collections.Counter()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            # Views (transpose, detach, slices, ...) launch nothing: counted apart.
-            self.ops[("view:" if func.is_view else "") + str(func.overloadpacket)] += 1
+            # Views (transpose, detach, slices, ...) and allocations launch nothing: counted apart.
+            name = str(func.overloadpacket)
+            kind = "view:" if func.is_view else "alloc:" if name in _ALLOCATIONS else ""
+            self.ops[kind + name] += 1
             return func(*args, **(kwargs or {}))
 
     layout = Layout.parse(f"tp{world}")
@@ -207,37 +217,49 @@ def _count_rank(rank: int, world: int, spec: dict) -> dict:
     mb = MicroBatch.from_sequences([torch.randint(0, spec["config"].vocab_size, (spec["tokens"],), generator=gen)])
     counts = {}
     for layers in spec["layer_counts"]:
-        model = ParallelTransformer(_cut(spec["config"], layers), layout, groups, seed=0)
+        model = ParallelTransformer(_cut(spec["config"], layers), layout, groups, seed=0, kernels=spec["kernels"])
         model.forward_backward([mb], 1.0)  # once outside the count: lazy set-up is not per layer
         model.zero_grad()
+        launched = collections.Counter(LAUNCHES)
         with Count() as count:
             model.forward_backward([mb], 1.0)
+        for name, n in (LAUNCHES - launched).items():
+            count.ops["triton:" + name] += n
         counts[layers] = count.ops
     return {"counts": {k: dict(v) for k, v in counts.items()}}
 
 
 def count_layer_ops(config: TransformerConfig, tp: int = 1, tokens: int = 16,
-                    layer_counts: Sequence[int] = (1, 3), timeout: float = 600.0) -> Dict[str, float]:
+                    layer_counts: Sequence[int] = (1, 3), timeout: float = 600.0,
+                    kernels: str = "torch") -> Dict[str, float]:
     """The ATen operators one layer dispatches per micro-batch, forward and backward, under
     tensor parallelism ``tp`` (``tp`` gloo ranks on the CPU, rank 0 counted): the count of a
     one-sequence micro-batch of ``tokens`` tokens through the model cut to the largest and
-    the smallest of ``layer_counts``, their difference per layer. Every operator that is not
-    a view is at least one kernel launch on a GPU, so ``kernels`` is the CPU's proxy of the
-    launches per layer. Returns ``{"kernels": non-view ops per layer, "views": view ops per
-    layer, op name: per layer, ...}`` (names with a nonzero count; views prefixed
-    ``view:``)."""
+    the smallest of ``layer_counts``, their difference per layer. Every operator that is
+    neither a view nor an allocation (``empty``, ``empty_like``, ``empty_strided``) is at
+    least one kernel launch on a GPU, and so is every launch of a fused Triton kernel, so
+    ``kernels`` is the CPU's proxy of the launches per layer.
+
+    ``kernels``: the model's fused steps (``hotswitch.model.fused``); ``"triton"`` runs its
+    kernels under Triton's interpreter and counts their launches (names prefixed
+    ``triton:``). Returns ``{"kernels": launches per layer, "views": view ops per layer,
+    "allocations": ..., op name: per layer, ...}`` (names with a nonzero count; views
+    prefixed ``view:``, allocations ``alloc:``)."""
     tp = check_int("tp", tp, 1, 8)
     tokens = check_int("tokens", tokens, 1, config.max_position_embeddings)
     layers = sorted({check_int(f"layer_counts[{i}]", n, 1) for i, n in enumerate(layer_counts)})
     if len(layers) < 2:
         raise ValueError(f"layer_counts must hold two distinct values, got {list(layer_counts)!r}")
-    spec = {"config": config, "tokens": tokens, "layer_counts": layers}
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    spec = {"config": config, "tokens": tokens, "layer_counts": layers, "kernels": kernels}
     counts = spawn(tp, _count_rank, spec, timeout=timeout, pg_timeout=timeout)[0]["counts"]
     low, high = counts[layers[0]], counts[layers[-1]]
     per_layer = {name: (high.get(name, 0) - low.get(name, 0)) / (layers[-1] - layers[0])
                  for name in set(low) | set(high)}
-    out = {"kernels": sum(v for k, v in per_layer.items() if not k.startswith("view:")),
-           "views": sum(v for k, v in per_layer.items() if k.startswith("view:"))}
+    out = {"kernels": sum(v for k, v in per_layer.items() if not k.startswith(("view:", "alloc:"))),
+           "views": sum(v for k, v in per_layer.items() if k.startswith("view:")),
+           "allocations": sum(v for k, v in per_layer.items() if k.startswith("alloc:"))}
     out.update(sorted(((k, v) for k, v in per_layer.items() if v), key=lambda kv: -kv[1]))
     return out
 

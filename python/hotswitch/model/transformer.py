@@ -19,7 +19,8 @@ from hotswitch.model.config import TransformerConfig
 from hotswitch.model.context import ContextAttention, ContextSplit
 from hotswitch.model.groups import ParallelGroups
 from hotswitch.model.init import init_shards
-from hotswitch.model.layers import (Shard, apply_rotary, rms_norm, rotary_tables,
+from hotswitch.model.fused import add_norm, norm, rotary_qkv, select_fused, swiglu
+from hotswitch.model.layers import (Shard, rms_norm, rotary_tables,
                                     vocab_parallel_cross_entropy, vocab_parallel_embedding)
 from hotswitch.model.pipeline import StageFunctions, run_1f1b
 
@@ -170,24 +171,23 @@ class TransformerLayer(nn.Module):
         self.kv_heads = config.num_query_groups // tp
         self.compute_dtype = getattr(torch, config.compute_dtype or config.dtype)
         self.recompute_attention = False
+        self.kernels = "torch"
 
     def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
         d, hq, hkv = self.head_dim, self.heads, self.kv_heads
         # The norms' outputs enter the matrix products (and the TP all-gather) in the compute dtype.
-        h = region.gather(rms_norm(x, self.input_norm.weight, self.eps).to(self.compute_dtype))
-        q, k, v = F.linear(h, self.qkv.weight).split([hq * d, hkv * d, hkv * d], dim=-1)
-        q = apply_rotary(q.reshape(-1, hq, d), ctx.cos, ctx.sin)
-        k = apply_rotary(k.reshape(-1, hkv, d), ctx.cos, ctx.sin)
-        v = v.reshape(-1, hkv, d)
+        kernels, dtype = self.kernels, self.compute_dtype
+        h = region.gather(norm(x, self.input_norm.weight, self.eps, dtype, kernels))
+        q, k, v = rotary_qkv(F.linear(h, self.qkv.weight), ctx.cos, ctx.sin, hq, hkv, kernels)
         if self.recompute_attention and torch.is_grad_enabled():
             o = _recomputed(ctx.attention, q, k, v)
         else:
             o = ctx.attention(q, k, v)
         o = o.reshape(-1, hq * d)
-        x = x + region.scatter(F.linear(o, self.proj.weight))
-        h = region.gather(rms_norm(x, self.post_norm.weight, self.eps).to(self.compute_dtype))
-        gate, up = F.linear(h, self.gate_up.weight).chunk(2, dim=-1)
-        return x + region.scatter(F.linear(F.silu(gate) * up, self.down.weight))
+        x, h = add_norm(x, region.scatter(F.linear(o, self.proj.weight)), self.post_norm.weight, self.eps,
+                              dtype, kernels)
+        a = swiglu(F.linear(region.gather(h), self.gate_up.weight), kernels)
+        return x + region.scatter(F.linear(a, self.down.weight))
 
 
 class ParallelTransformer(nn.Module):
@@ -214,6 +214,9 @@ class ParallelTransformer(nn.Module):
     ``attention``: the attention kernel (``hotswitch.model.attention.KERNELS``); default the
     best that runs on this device and compute dtype (``select_kernel``, logged once).
 
+    ``kernels``: the layers' fused norm, rotary and SwiGLU steps (``hotswitch.model.fused``):
+    ``"torch"`` or ``"triton"``; default Triton on CUDA when installed, else PyTorch.
+
     ``recompute`` (settable between steps): activation recomputation, Megatron-LM's
     ``--recompute-granularity``. ``"none"``; ``"selective"``: each layer's attention core
     (softmax(QK^T)V) reruns in the backward pass instead of keeping its activations;
@@ -228,7 +231,8 @@ class ParallelTransformer(nn.Module):
 
     def __init__(self, config: TransformerConfig, layout: "_C.Layout", groups: ParallelGroups,
                  seed: int = 0, shards: Optional[Dict[str, torch.Tensor]] = None,
-                 attention: Optional[str] = None, recompute: str = "none", recompute_num_layers: int = 1):
+                 attention: Optional[str] = None, recompute: str = "none", recompute_num_layers: int = 1,
+                 kernels: Optional[str] = None):
         super().__init__()
         if not isinstance(config, TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
@@ -253,6 +257,7 @@ class ParallelTransformer(nn.Module):
             raise ValueError(f"compute_dtype {config.compute_dtype!r}: torch {torch.__version__} has no "
                              f"{config.compute_dtype} autocast on {self.device.type}; use bfloat16 or another device")
         self.attention_kernel = select_kernel(self.device, self.compute_dtype, config.head_dim, attention)
+        self.kernels = select_fused(self.device, kernels)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
         self._expected = {self.tensor_set.specs[t].name: tuple(shape)
                           for t, shape, _ in placement.buffers(groups.rank)}
@@ -267,6 +272,8 @@ class ParallelTransformer(nn.Module):
             self.embedding = Shard(shards["embedding.weight"])
         self.layers = nn.ModuleDict({str(i): TransformerLayer(config, layout.tp, shards, f"layers.{i}.")
                                      for i in self.layer_ids})
+        for layer in self.layers.values():
+            layer.kernels = self.kernels
         if groups.is_last_stage:
             self.final_norm = Shard(shards["final_norm.weight"])
             if not config.tied_embedding:

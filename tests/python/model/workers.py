@@ -225,3 +225,61 @@ def against_llama_reference(rank, world, tied, step_lengths, dtype_name):
         "grads": {n: (float((grads[n].double() - ref_grads[n].double()).abs().max()),
                       float(ref_grads[n].abs().max())) for n in grads},
     }
+
+
+def fused_parity(rank, world, layout_name, compute_dtype):
+    """One forward and backward of the tiny model (GQA, an FFN of 96) under ``layout_name``,
+    once with each implementation of the fused steps; per implementation the loss and this
+    rank's gradients."""
+    cfg = config(compute_dtype=compute_dtype)
+    layout = hs.Layout.parse(layout_name)
+    groups = hs.ParallelGroups(layout)
+    step = batches()[0]
+    out = {}
+    for kernels in ("torch", "triton"):
+        model = hs.ParallelTransformer(cfg, layout, groups, seed=5, kernels=kernels)
+        loss, _ = model.forward_backward(step, 1.0 / hs.count_targets(step))
+        out[kernels] = (float(loss), _numpy(model.grad_shards()))
+    return out
+
+
+def fused_steps_on(device, kernels, dtype, t, seed=0):
+    """Every fused step (``hotswitch.model.fused``) forward and backward on fixed inputs with
+    awkward sizes (hidden 48, head dim 8, FFN 40): outputs and input gradients as fp32 on the
+    CPU, and the Triton launches made."""
+    from hotswitch.model import fused
+
+    before = fused.LAUNCHES.copy()
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, dt=torch.float32):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dt).requires_grad_()
+
+    h, hq, hkv, d, f = 48, 4, 2, 8, 40
+    x, delta, weight = rand(t, h), rand(t, h, dt=dtype), rand(h)
+    qkv, cos, sin = rand(t, (hq + 2 * hkv) * d, dt=dtype), rand(t, d // 2).detach(), rand(t, d // 2).detach()
+    gate_up = rand(t, 2 * f, dt=dtype)
+    xn, y = fused.add_norm(x, delta, weight, 1e-5, dtype, kernels)
+    y2 = fused.norm(xn, weight, 1e-5, dtype, kernels)
+    q, k, v = fused.rotary_qkv(qkv, cos, sin, hq, hkv, kernels)
+    a = fused.swiglu(gate_up, kernels)
+    ramp = torch.linspace(-1, 1, h, device=device)
+    loss = (xn * ramp).sum() + (y.float() ** 2).sum() + (y2.float() * 3).sum() + (q.float() ** 2).sum() + \
+        (k.float() * ramp[:d]).sum() + (v.float() ** 3).sum() + (a.float() ** 2).sum()
+    loss.backward()
+    outs = {"x_new": xn, "norm": y, "norm2": y2, "q": q, "k": k, "v": v, "swiglu": a}
+    grads = {"d_x": x.grad, "d_delta": delta.grad, "d_weight": weight.grad, "d_qkv": qkv.grad,
+             "d_gate_up": gate_up.grad}
+    return ({name: t.detach().float().cpu().numpy() for name, t in {**outs, **grads}.items()},
+            dict(fused.LAUNCHES - before))
+
+
+def fused_steps(rank, world, dtype_name, t):
+    """World 1, Triton interpreted: ``fused_steps_on`` the CPU with each implementation."""
+    dtype = getattr(torch, dtype_name.replace("torch.", ""))
+    return tuple(fused_steps_on("cpu", kernels, dtype, t)[0] for kernels in ("torch", "triton"))
+
+
+def fused_launches(rank, world):
+    """World 1, Triton interpreted: the launches of ``fused_steps_on`` with each implementation."""
+    return {kernels: fused_steps_on("cpu", kernels, torch.float32, 5)[1] for kernels in ("torch", "triton")}
