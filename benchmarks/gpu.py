@@ -1,14 +1,16 @@
 """The model at device speed: tokens/s and MFU of LLaMA-7B-shaped layers on packed
-micro-batches, against Megatron-LM's measured per-GPU throughput, and the switch of the
-LLaMA-7B tensor set against the device's copy bandwidth. Needs a CUDA device; ``--quick``
-runs tiny shapes on the CPU instead (device "cpu": CPU figures, never GPU ones).
+micro-batches, against Hugging Face ``transformers``' LLaMA decoder layer on the same packs in
+the same run, and the switch of the LLaMA-7B tensor set against the device's copy bandwidth.
+Needs a CUDA device; ``--quick`` runs tiny shapes on the CPU instead (device "cpu": CPU
+figures, never GPU ones).
 
 Layers. ``LAYERS`` decoder layers of LLaMA-7B's shape (hidden 4096, 32 heads, 32 K/V heads,
 FFN 11008) as one rank of a tensor-parallel group holds them: tp1, and the shard shapes of
 tp2, tp4 and tp8 (heads / tp and FFN / tp; the hidden size stays) on one device, without the
 TP collectives. fp32 weights (the runtime's master weights), bf16 compute under autocast,
 the attention kernel ``hotswitch.model.attention.select_kernel`` chooses (one call per layer),
-forward and backward of the layer stack (``TransformerLayer``, the runtime's own layer).
+the fused steps ``hotswitch.model.fused`` chooses (Triton on CUDA), forward and backward of
+the layer stack (``TransformerLayer``, the runtime's own layer).
 Micro-batches: documents drawn at random from ``wikipedia.lengths`` (``--data-dir``), each cut
 to the micro-batch size (as Megatron cuts to ``seq_length``), packed in draw order until the
 next does not fit; 4096 and 16384 tokens a micro-batch, ``MICRO_BATCHES`` timed after a
@@ -19,19 +21,28 @@ warm-up pass over each of them. Random token ids: the time does not depend on th
   12 x d x heads per causal query-key pair, forward and backward) per second over the
   device's peak (the bf16 dense peak of the ``HardwareProfile`` preset named in the device's
   name; on the CPU the rate of a 512 x 512 fp32 matrix product on one thread).
+- ``reference_tokens_per_s``, ``vs_reference``: the same ``LAYERS`` shard shapes as
+  ``transformers``' ``LlamaDecoderLayer`` (same dtype policy, device and packs), each pack
+  one row whose ``position_ids`` restart at every document, so that transformers' own
+  ``create_causal_mask`` finds the packed documents and builds its mask once per pack for all
+  layers: a FlexAttention block mask on CUDA (``attn_implementation="flex_attention"``), a
+  dense block-diagonal mask for SDPA on the CPU. Rotary tables once per pack, outside the
+  timing, as ours. ``vs_reference`` is ours over it, per case. None when ``transformers`` is
+  missing.
 - ``per_gpu_tokens_per_s``: what that rate means for a whole LLaMA-7B on tp GPUs:
   ``tokens_per_s * LAYERS / 32 / tp`` (each GPU runs 32 shard layers per token; TP
   collectives, the embedding, the head, the optimizer and pipeline bubbles are not counted,
   so it bounds the end-to-end figure from above).
-- ``vs_megatron``: ``per_gpu_tokens_per_s`` over Megatron-LM's per-GPU throughput from
-  ``megatron_runs/runs.csv``: the packed LLaMA-7B runs (8 H100, bf16, flash attention) with
-  the same tp whose ``seq_length`` equals the micro-batch size (documents cut alike); the best
-  of them. Per run, tokens/s/GPU = ``global_batch_size * mean length / (iter_ms_median / 1000)
-  / world``; the mean length comes from ``real_seq_len_hist`` (bucket ``K`` holds lengths in
-  ``(K/2, K]``, taken at its midpoint, ``128`` at 64.5, capped at ``seq_length``); a run with
-  an empty histogram takes the pooled histogram of the packed runs of its ``seq_length``. The
-  Megatron runs hold ``micro_batch_size`` sequences per micro-batch (reported beside), not our
-  token budget. None where no such run exists (tp1 at 16K, tp8 at 4K) and in ``--quick``.
+- ``megatron_context``: context only, not a like-for-like ratio (whole Megatron-LM steps
+  with embedding, head, TP collectives, bubbles and optimizer against a layer-only bound):
+  Megatron-LM's per-GPU throughput from ``megatron_runs/runs.csv``, the best packed LLaMA-7B
+  run (8 H100, bf16, flash attention) with the same tp whose ``seq_length`` equals the
+  micro-batch size. Per run, tokens/s/GPU = ``global_batch_size * mean length /
+  (iter_ms_median / 1000) / world``; the mean length comes from ``real_seq_len_hist`` (bucket
+  ``K`` holds lengths in ``(K/2, K]``, taken at its midpoint, ``128`` at 64.5, capped at
+  ``seq_length``); a run with an empty histogram takes the pooled histogram of the packed runs
+  of its ``seq_length``. None where no such run exists (tp1 at 16K, tp8 at 4K) and in
+  ``--quick``.
 - ``switch_over_copy_bound``: on one device (world 1: only dp1 exists) a switch of the
   LLaMA-7B tensor set (bf16, 32 layers) between the ``"sharded"`` placement (one tensor per
   parameter) and the ``"zero"`` placement (one flat buffer) and back: the executor's packing
@@ -58,6 +69,7 @@ from hotswitch.data import load_lengths
 from hotswitch.distributed import spawn
 from hotswitch.hardware import preset_for_device
 from hotswitch.model.attention import PackAttention, select_kernel
+from hotswitch.model.fused import select_fused
 from hotswitch.model.init import init_shards
 from hotswitch.model.transformer import PackContext, TransformerLayer
 from benchmarks import default_data_dir, rounded
@@ -188,6 +200,74 @@ def _peak(device) -> tuple:
     return 2.0 * n ** 3 / best, "fp32 512x512 matrix product, one thread"
 
 
+def _timed(step, count: int, warmup: int, device) -> float:
+    """Seconds of ``step(i)`` for every ``i < count`` once, after ``warmup`` untimed passes
+    (a compiled kernel, FlexAttention, compiles for its shapes there, not in the timed loop)."""
+    for _ in range(warmup):
+        for i in range(count):
+            step(i)
+    _sync(device)
+    t0 = time.perf_counter()
+    for i in range(count):
+        step(i)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _reference_layers(cfg: hs.TransformerConfig, tp: int, device):
+    """``transformers``' LLaMA decoder layers of the tp shard shapes (fp32 weights on
+    ``device``) and their config, or None without ``transformers``."""
+    try:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    except ImportError:
+        return None
+    config = LlamaConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.ffn_hidden_size // tp,
+                         num_attention_heads=cfg.num_attention_heads // tp,
+                         num_key_value_heads=cfg.num_query_groups // tp, head_dim=cfg.head_dim,
+                         num_hidden_layers=LAYERS, vocab_size=cfg.vocab_size, rms_norm_eps=cfg.norm_eps,
+                         max_position_embeddings=cfg.max_position_embeddings, attention_bias=False,
+                         mlp_bias=False, attention_dropout=0.0)
+    config._attn_implementation = "flex_attention" if device.type == "cuda" else "sdpa"
+    layers = [LlamaDecoderLayer(config, layer_idx=i).to(device) for i in range(LAYERS)]
+    return config, layers
+
+
+def _reference_seconds(cfg, tp, device, packs, compute, warmup) -> float:
+    """Seconds of forward and backward of ``_reference_layers`` over ``packs``, or None."""
+    made = _reference_layers(cfg, tp, device)
+    if made is None:
+        return None
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config, layers = made
+    rotary = LlamaRotaryEmbedding(config).to(device)
+    inputs = []
+    for pack in packs:
+        positions = torch.cat([torch.arange(n) for n in pack]).unsqueeze(0).to(device)
+        probe = torch.empty(1, sum(pack), cfg.hidden_size, device=device,
+                            dtype=compute if device.type == "cuda" else torch.float32)
+        mask = create_causal_mask(config=config, inputs_embeds=probe, attention_mask=None, past_key_values=None,
+                                  position_ids=positions)
+        with torch.no_grad():
+            tables = rotary(probe, positions)
+        inputs.append((positions, mask, tables, torch.randn(1, sum(pack), cfg.hidden_size, device=device)))
+
+    def step(i):
+        positions, mask, tables, grad = inputs[i]
+        x = torch.randn(1, grad.shape[1], cfg.hidden_size, device=device, requires_grad=True)
+        with torch.autocast(device.type, dtype=compute) if device.type == "cuda" else contextlib.nullcontext():
+            y = x
+            for layer in layers:
+                y = layer(y, attention_mask=mask, position_embeddings=tables, position_ids=positions)
+        y.backward(grad)
+
+    seconds = _timed(step, len(inputs), warmup, device)
+    del layers, inputs
+    return seconds
+
+
 def _layers(rank, world, spec):
     device = torch.device("cuda", torch.cuda.current_device()) if spec["cuda"] else torch.device("cpu")
     if spec["cuda"]:
@@ -204,6 +284,8 @@ def _layers(rank, world, spec):
         compute = getattr(torch, cfg.compute_dtype or cfg.dtype)
         kernel = select_kernel(device, compute, cfg.head_dim)
         region = _NoCollectives()
+        for layer in layers:
+            layer.kernels = select_fused(device)
         for budget, packs in spec["packs"].items():
             contexts = []
             for pack in packs:
@@ -211,6 +293,7 @@ def _layers(rank, world, spec):
                 ctx = PackContext(mb, cfg, 1, device, kernel)
                 ctx.attention = PackAttention(mb.cu_seqlens, kernel, cfg.num_attention_heads // tp, device)
                 contexts.append(ctx)
+            attention = "+".join(sorted({c.attention.kernel for c in contexts}))
             grads = [torch.randn(ctx.num_tokens, cfg.hidden_size, device=device) for ctx in contexts]
 
             def step(i):
@@ -221,17 +304,9 @@ def _layers(rank, world, spec):
                         y = layer(y, contexts[i], region)
                 y.backward(grads[i])
 
-            # Every micro-batch once untimed: a compiled kernel (FlexAttention) compiles for
-            # its shapes here, not in the timed loop.
-            for _ in range(spec["warmup"]):
-                for i in range(len(contexts)):
-                    step(i)
-            _sync(device)
-            t0 = time.perf_counter()
-            for i in range(len(contexts)):
-                step(i)
-            _sync(device)
-            seconds = time.perf_counter() - t0
+            seconds = _timed(step, len(contexts), spec["warmup"], device)
+            del contexts, grads
+            reference = _reference_seconds(cfg, tp, device, packs, compute, spec["warmup"])
             tokens = sum(sum(p) for p in packs)
             flops = LAYERS * sum(_layer_flops(cfg, tp, p) for p in packs)
             rows[f"tp{tp}/{budget}"] = {
@@ -239,11 +314,15 @@ def _layers(rank, world, spec):
                 "seconds": seconds, "tokens_per_s": tokens / seconds,
                 "mfu": flops / seconds / peak if peak else None,
                 "per_gpu_tokens_per_s": tokens / seconds * LAYERS / MODEL_LAYERS / tp,
-                "attention": "+".join(sorted({c.attention.kernel for c in contexts}))}
+                "attention": attention, "fused": layers[0].kernels,
+                "reference_tokens_per_s": tokens / reference if reference else None,
+                "vs_reference": reference / seconds if reference else None}
             row = rows[f"tp{tp}/{budget}"]
             # As it is measured: a run stopped at a time limit keeps what it measured.
             print(f"measured tp{tp}/{budget}: {row['tokens_per_s']:.0f} tokens/s, MFU "
-                  f"{(row['mfu'] or float('nan')):.1%}, {row['attention']} attention, {seconds:.3f} s", flush=True)
+                  f"{(row['mfu'] or float('nan')):.1%}, {row['attention']} attention, {seconds:.3f} s; "
+                  f"transformers {(row['reference_tokens_per_s'] or float('nan')):.0f} tokens/s, ours over it "
+                  f"{(row['vs_reference'] or float('nan')):.2f}x", flush=True)
         layers.clear()  # frees the weights before the next shape
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -337,21 +416,24 @@ def main(argv=None):
 
     megatron = megatron_rows(runs_path) if os.path.exists(runs_path) else []
     if not megatron:
-        print(f"{runs_path}: no packed LLaMA-7B runs found; vs_megatron is null")
+        print(f"{runs_path}: no packed LLaMA-7B runs found; no Megatron-LM context")
     print(f"device: {layers['device']} ({layers['device_name']}); peak {layers['peak_flops'] or float('nan'):.4g} "
           f"FLOP/s ({layers['peak_source']}); {LAYERS} layers of "
           f"{'LLaMA-7B' if cuda else 'a tiny model'}; micro-batches from {source}")
-    print(f"{'case':<12}{'kernel':>15}{'tokens':>8}{'seqs':>6}{'tokens/s':>11}{'MFU':>7}{'per GPU':>10}"
-          f"{'Megatron':>10}{'ratio':>7}  Megatron run (micro-batch tokens)")
-    tokens_per_s, mfu, vs = {}, {}, {}
+    print(f"{'case':<12}{'kernel':>15}{'fused':>8}{'tokens':>8}{'seqs':>6}{'tokens/s':>11}{'MFU':>7}"
+          f"{'HF tok/s':>10}{'vs HF':>7}{'per GPU':>10}  Megatron-LM context: best run tokens/s/GPU")
+    tokens_per_s, mfu, reference, vs_reference, context = {}, {}, {}, {}, {}
     for key, row in layers["rows"].items():
         best = best_megatron(megatron, row["tp"], row["budget"]) if cuda else None
-        ratio = row["per_gpu_tokens_per_s"] / best["tokens_per_s_per_gpu"] if best else None
-        tokens_per_s[key], mfu[key], vs[key] = row["tokens_per_s"], row["mfu"], ratio
-        print(f"{key:<12}{row['attention']:>15}{row['tokens']:>8}{row['sequences']:>6}{row['tokens_per_s']:>11.0f}"
-              f"{(row['mfu'] or float('nan')):>7.1%}{row['per_gpu_tokens_per_s']:>10.0f}"
-              + (f"{best['tokens_per_s_per_gpu']:>10.0f}{ratio:>7.2f}  {best['run']} "
-                 f"({best['micro_batch_tokens']:.0f}, {best['histogram']} histogram)" if best else f"{'-':>10}{'-':>7}"))
+        tokens_per_s[key], mfu[key] = row["tokens_per_s"], row["mfu"]
+        reference[key], vs_reference[key] = row["reference_tokens_per_s"], row["vs_reference"]
+        context[key] = best["tokens_per_s_per_gpu"] if best else None
+        print(f"{key:<12}{row['attention']:>15}{row['fused']:>8}{row['tokens']:>8}{row['sequences']:>6}"
+              f"{row['tokens_per_s']:>11.0f}{(row['mfu'] or float('nan')):>7.1%}"
+              f"{(row['reference_tokens_per_s'] or float('nan')):>10.0f}{(row['vs_reference'] or float('nan')):>7.2f}"
+              f"{row['per_gpu_tokens_per_s']:>10.0f}"
+              + (f"  {best['tokens_per_s_per_gpu']:.0f} ({best['run']}, micro-batch {best['micro_batch_tokens']:.0f} "
+                 f"tokens, {best['histogram']} histogram; whole steps, not a like-for-like ratio)" if best else "  -"))
     if megatron:
         print("Megatron-LM packed LLaMA-7B runs, tokens/s/GPU: " + ", ".join(
             f"tp{r['tp']}@{r['seq_length']} mbs{r['micro_batch_size']} {r['tokens_per_s_per_gpu']:.0f}"
@@ -363,7 +445,8 @@ def main(argv=None):
           f"ratio {ratio:.2f}")
 
     result = {"device": layers["device"], "device_name": layers["device_name"], "layers": LAYERS,
-              "tokens_per_s": tokens_per_s, "mfu": mfu, "vs_megatron": vs,
+              "tokens_per_s": tokens_per_s, "mfu": mfu, "reference_tokens_per_s": reference,
+              "vs_reference": vs_reference, "megatron_context": context,
               "per_gpu_tokens_per_s": {k: r["per_gpu_tokens_per_s"] for k, r in layers["rows"].items()},
               "switch_over_copy_bound": ratio, "switch_bytes": switch["bytes"],
               "copy_bytes_per_s": switch["copy_bytes_per_s"], "seconds": time.perf_counter() - start}
