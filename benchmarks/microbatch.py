@@ -18,7 +18,9 @@ plus launches of the fused Triton kernels, at tp1 and tp2 (2 gloo ranks), on a 1
 micro-batch of the CPU model under bf16 autocast, with the fused steps as CUDA runs them
 (Triton, interpreted on the CPU; ``hotswitch.calibration.overhead.count_layer_ops``);
 ``kernels_per_layer_unfused`` — the same with the PyTorch path of those steps (the layer
-before they were fused, and the CPU's path); and ``host_layer_s_16`` — the seconds per layer
+before they were fused, and the CPU's path); ``kernels_per_layer_of_4`` — with the fused steps,
+per micro-batch of a call of 4 micro-batches (the matrix weights are cast to bf16 once per
+call, not per micro-batch); and ``host_layer_s_16`` — the seconds per layer
 of a 16-token micro-batch on the CPU (PyTorch path; only when timing on the CPU). Without
 ``triton`` installed only the unfused count is reported.
 
@@ -108,6 +110,14 @@ def main(argv=None):
             print(f"tp{tp}, {path} steps: {ops['kernels']:g} kernels, {ops['views']:g} views and "
                   f"{ops['allocations']:g} allocations per layer and micro-batch (16 tokens, bf16 autocast, "
                   f"CPU model), most: {top}")
+    if kernels["fused"]:
+        kernels["of_4"] = {}
+        for tp in (1, 2):
+            ops = count_layer_ops(count_config, tp=tp, tokens=16, layer_counts=LAYERS, kernels="triton",
+                                  micro_batches=4)
+            kernels["of_4"][f"tp{tp}"] = ops["kernels"]
+            print(f"tp{tp}, triton steps, 4 micro-batches a call: {ops['kernels']:g} kernels per layer and "
+                  f"micro-batch")
     for tp in (1, 2):
         if f"tp{tp}" in kernels["fused"]:
             print(f"tp{tp}: fused steps launch {kernels['unfused'][f'tp{tp}'] / kernels['fused'][f'tp{tp}']:.2f}x "
@@ -124,6 +134,7 @@ def main(argv=None):
         "fit_error_max": costs.fit_error_max,
         "kernels_per_layer": kernels["fused"] or None,
         "kernels_per_layer_unfused": kernels["unfused"],
+        "kernels_per_layer_of_4": kernels.get("of_4"),
         "seconds": costs.seconds,
     }
     if costs.device == "cpu" and 16 in costs.token_counts:

@@ -214,15 +214,16 @@ def _count_rank(rank: int, world: int, spec: dict) -> dict:
     layout = Layout.parse(f"tp{world}")
     groups = ParallelGroups(layout)
     gen = torch.Generator().manual_seed(11)
-    mb = MicroBatch.from_sequences([torch.randint(0, spec["config"].vocab_size, (spec["tokens"],), generator=gen)])
+    mbs = [MicroBatch.from_sequences([torch.randint(0, spec["config"].vocab_size, (spec["tokens"],), generator=gen)])
+           for _ in range(spec["micro_batches"])]
     counts = {}
     for layers in spec["layer_counts"]:
         model = ParallelTransformer(_cut(spec["config"], layers), layout, groups, seed=0, kernels=spec["kernels"])
-        model.forward_backward([mb], 1.0)  # once outside the count: lazy set-up is not per layer
+        model.forward_backward(mbs, 1.0)  # once outside the count: lazy set-up is not per layer
         model.zero_grad()
         launched = collections.Counter(LAUNCHES)
         with Count() as count:
-            model.forward_backward([mb], 1.0)
+            model.forward_backward(mbs, 1.0)
         for name, n in (LAUNCHES - launched).items():
             count.ops["triton:" + name] += n
         counts[layers] = count.ops
@@ -231,7 +232,7 @@ def _count_rank(rank: int, world: int, spec: dict) -> dict:
 
 def count_layer_ops(config: TransformerConfig, tp: int = 1, tokens: int = 16,
                     layer_counts: Sequence[int] = (1, 3), timeout: float = 600.0,
-                    kernels: str = "torch") -> Dict[str, float]:
+                    kernels: str = "torch", micro_batches: int = 1) -> Dict[str, float]:
     """The ATen operators one layer dispatches per micro-batch, forward and backward, under
     tensor parallelism ``tp`` (``tp`` gloo ranks on the CPU, rank 0 counted): the count of a
     one-sequence micro-batch of ``tokens`` tokens through the model cut to the largest and
@@ -239,6 +240,10 @@ def count_layer_ops(config: TransformerConfig, tp: int = 1, tokens: int = 16,
     neither a view nor an allocation (``empty``, ``empty_like``, ``empty_strided``) is at
     least one kernel launch on a GPU, and so is every launch of a fused Triton kernel, so
     ``kernels`` is the CPU's proxy of the launches per layer.
+
+    ``micro_batches``: the micro-batches of the counted call (each a sequence of ``tokens``);
+    the counts are per micro-batch, so what happens once per call (the compute-dtype copies
+    of the weights) spreads over them.
 
     ``kernels``: the model's fused steps (``hotswitch.model.fused``); ``"triton"`` runs its
     kernels under Triton's interpreter and counts their launches (names prefixed
@@ -252,10 +257,12 @@ def count_layer_ops(config: TransformerConfig, tp: int = 1, tokens: int = 16,
         raise ValueError(f"layer_counts must hold two distinct values, got {list(layer_counts)!r}")
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
-    spec = {"config": config, "tokens": tokens, "layer_counts": layers, "kernels": kernels}
+    micro_batches = check_int("micro_batches", micro_batches, 1, 64)
+    spec = {"config": config, "tokens": tokens, "layer_counts": layers, "kernels": kernels,
+            "micro_batches": micro_batches}
     counts = spawn(tp, _count_rank, spec, timeout=timeout, pg_timeout=timeout)[0]["counts"]
     low, high = counts[layers[0]], counts[layers[-1]]
-    per_layer = {name: (high.get(name, 0) - low.get(name, 0)) / (layers[-1] - layers[0])
+    per_layer = {name: (high.get(name, 0) - low.get(name, 0)) / (layers[-1] - layers[0]) / micro_batches
                  for name in set(low) | set(high)}
     out = {"kernels": sum(v for k, v in per_layer.items() if not k.startswith(("view:", "alloc:"))),
            "views": sum(v for k, v in per_layer.items() if k.startswith("view:")),

@@ -6,8 +6,9 @@ its contiguous slice of the pack's tokens, ``[T / tp, hidden]``. A block gathers
 before its column-parallel matrix (backward: reduce-scatter) and reduce-scatters the
 row-parallel matrix's partial sums (backward: all-gather).
 
-Gloo has no reduce-scatter and no all-gather into one tensor: there the reduce-scatter is an
-all-reduce followed by a slice, and the all-gather gathers a list.
+Both run as one collective into or out of one tensor, in the tensors' own dtype (bf16
+included), on NCCL and on gloo alike (``all_gather_single`` / ``reduce_scatter_single``, or
+their older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``).
 """
 
 from datetime import timedelta
@@ -19,9 +20,9 @@ import torch.distributed as dist
 __all__ = ["all_reduce", "all_gather_rows", "reduce_scatter_rows", "gather_from_sequence",
            "scatter_to_sequence", "exchange"]
 
-
-def _is_nccl(group) -> bool:
-    return dist.get_backend(group) == "nccl"
+# The single-tensor collectives under their current names, else the names they had.
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -36,30 +37,19 @@ def all_gather_rows(x: torch.Tensor, group, size: int) -> torch.Tensor:
     if group is None:
         return x
     x = x.contiguous()
-    if _is_nccl(group):
-        out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-        gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
-        gather(out, x, group=group)
-        return out
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x, group=group)
-    return torch.cat(parts)
+    out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    _gather_single(out, x, group=group)
+    return out
 
 
 def reduce_scatter_rows(x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
     """``[size * n, ...]`` summands on each rank -> rows ``[index * n, (index + 1) * n)`` of
-    their sum."""
+    their sum (``index``: this rank's place in ``group``)."""
     if group is None:
         return x
-    n = x.shape[0] // size
-    if _is_nccl(group):
-        out = torch.empty((n,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-        scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
-        scatter(out, x.contiguous(), group=group)
-        return out
-    total = x.clone()
-    dist.all_reduce(total, group=group)
-    return total[index * n:(index + 1) * n].clone()
+    out = torch.empty((x.shape[0] // size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    _scatter_single(out, x.contiguous(), group=group)
+    return out
 
 
 class _GatherFromSequence(torch.autograd.Function):

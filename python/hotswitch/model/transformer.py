@@ -1,5 +1,6 @@
 """The parallel decoder: this rank's stage of layers, holding only its local shards."""
 
+import functools
 import math
 from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
@@ -27,6 +28,19 @@ from hotswitch.model.pipeline import StageFunctions, run_1f1b
 __all__ = ["RECOMPUTE_GRANULARITIES", "ParallelTransformer", "TransformerLayer", "PackContext"]
 
 _log = get_logger("model")
+
+# A layer's weights that enter matrix products (and so the compute dtype).
+_MATRICES = ("qkv", "proj", "gate_up", "down")
+
+
+def _add_grad_into(param: torch.Tensor, copy: torch.Tensor) -> None:
+    """A compute-dtype copy's accumulated gradient -> its parameter's ``.grad`` (as autograd
+    accumulates: the first becomes ``.grad``, later ones add in place)."""
+    if param.grad is None:
+        param.grad = copy.grad.to(param.dtype)
+    else:
+        param.grad.add_(copy.grad)
+    copy.grad = None
 
 # Megatron-LM's --recompute-granularity, and no recomputation.
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
@@ -131,24 +145,17 @@ def autocast_runs(device_type: str, dtype: torch.dtype) -> bool:
 
 class _Region:
     """The tensor-parallel (or, with ``axis="cp"``, context-parallel) group of a stage, for
-    the layers' collectives. Gloo gathers and
-    reduces no bf16: there 16-bit activations travel as fp32 (NCCL moves them as they are)."""
+    the layers' collectives (in the activations' dtype, on NCCL and gloo alike)."""
 
     def __init__(self, groups: ParallelGroups, axis: str = "tp"):
         self.group = getattr(groups, axis + "_group")
         self.size, self.index = getattr(groups, axis), getattr(groups, axis + "_rank")
-        self.widen = groups.backend == "gloo"
-
-    def _run(self, fn, x):
-        if self.widen and self.group is not None and x.dtype in (torch.bfloat16, torch.float16):
-            return fn(x.float(), self.group, self.size, self.index).to(x.dtype)
-        return fn(x, self.group, self.size, self.index)
 
     def gather(self, x):
-        return self._run(gather_from_sequence, x)
+        return gather_from_sequence(x, self.group, self.size, self.index)
 
     def scatter(self, x):
-        return self._run(scatter_to_sequence, x)
+        return scatter_to_sequence(x, self.group, self.size, self.index)
 
 
 class TransformerLayer(nn.Module):
@@ -172,22 +179,30 @@ class TransformerLayer(nn.Module):
         self.compute_dtype = getattr(torch, config.compute_dtype or config.dtype)
         self.recompute_attention = False
         self.kernels = "torch"
+        # The matrix weights in the compute dtype for the current call (see ParallelTransformer).
+        self.compute_weights: Dict[str, torch.Tensor] = {}
+
+    def weight(self, part: str) -> torch.Tensor:
+        """The weight of ``part`` to compute with: its compute-dtype copy during a call that
+        made one, else the parameter."""
+        copy = self.compute_weights.get(part)
+        return copy if copy is not None else getattr(self, part).weight
 
     def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
         d, hq, hkv = self.head_dim, self.heads, self.kv_heads
         # The norms' outputs enter the matrix products (and the TP all-gather) in the compute dtype.
         kernels, dtype = self.kernels, self.compute_dtype
         h = region.gather(norm(x, self.input_norm.weight, self.eps, dtype, kernels))
-        q, k, v = rotary_qkv(F.linear(h, self.qkv.weight), ctx.cos, ctx.sin, hq, hkv, kernels)
+        q, k, v = rotary_qkv(F.linear(h, self.weight("qkv")), ctx.cos, ctx.sin, hq, hkv, kernels)
         if self.recompute_attention and torch.is_grad_enabled():
             o = _recomputed(ctx.attention, q, k, v)
         else:
             o = ctx.attention(q, k, v)
         o = o.reshape(-1, hq * d)
-        x, h = add_norm(x, region.scatter(F.linear(o, self.proj.weight)), self.post_norm.weight, self.eps,
+        x, h = add_norm(x, region.scatter(F.linear(o, self.weight("proj"))), self.post_norm.weight, self.eps,
                               dtype, kernels)
-        a = swiglu(F.linear(region.gather(h), self.gate_up.weight), kernels)
-        return x + region.scatter(F.linear(a, self.down.weight))
+        a = swiglu(F.linear(region.gather(h), self.weight("gate_up")), kernels)
+        return x + region.scatter(F.linear(a, self.weight("down")))
 
 
 class ParallelTransformer(nn.Module):
@@ -290,6 +305,9 @@ class ParallelTransformer(nn.Module):
         self._tp_partial = [n for n in names if n.endswith("norm.weight")] if layout.tp > 1 else []
         self._finished: Dict[str, torch.Tensor] = {}
         self._pending = False
+        # Compute-dtype copies of the matrix weights, made once per call (_make_compute_copies).
+        self._copy_weights = True
+        self._head_copy: Optional[torch.Tensor] = None
         self.recompute_num_layers = recompute_num_layers
         self.recompute = recompute
 
@@ -378,9 +396,39 @@ class ParallelTransformer(nn.Module):
         if not g.is_last_stage:
             return x
         h = self._region.gather(rms_norm(x, self.final_norm.weight, cfg.norm_eps))
-        head = self.embedding.weight if cfg.tied_embedding else self.head.weight
+        head = self._head_copy if self._head_copy is not None else \
+            self.embedding.weight if cfg.tied_embedding else self.head.weight
         losses = vocab_parallel_cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group)
         return (losses * ctx.weights).sum()
+
+    def _make_compute_copies(self, grad: bool) -> None:
+        """The matrix weights of this stage (the layers' and the head's) cast to the compute
+        dtype once for the call, instead of by autocast at every micro-batch. With ``grad``
+        each copy is a leaf whose gradient, once accumulated for a micro-batch, is added into
+        its fp32 parameter's ``.grad`` and dropped: the same sums, bit for bit, as autocast's
+        cast and its backward, without the two casts per weight and micro-batch. A no-op
+        when the compute dtype is the parameters'."""
+        if self.compute_dtype == self.dtype or not self._copy_weights:
+            return
+
+        def copy(p: torch.Tensor) -> torch.Tensor:
+            w = p.detach().to(self.compute_dtype)
+            if grad:
+                w.requires_grad_()
+                w.register_post_accumulate_grad_hook(functools.partial(_add_grad_into, p))
+            return w
+
+        for layer in self.layers.values():
+            layer.compute_weights = {part: copy(getattr(layer, part).weight) for part in _MATRICES}
+        # A tied head on the embedding's own stage stays with autocast: there its gradient must
+        # join the lookup's before accumulating, as autograd sums them, to stay bitwise alike.
+        if self.groups.is_last_stage and not (self.config.tied_embedding and self.groups.is_first_stage):
+            self._head_copy = copy(self.embedding.weight if self.config.tied_embedding else self.head.weight)
+
+    def _drop_compute_copies(self) -> None:
+        for layer in self.layers.values():
+            layer.compute_weights = {}
+        self._head_copy = None
 
     def _run_layers(self, layers, x: torch.Tensor, ctx: PackContext) -> torch.Tensor:
         for layer in layers:
@@ -445,6 +493,7 @@ class ParallelTransformer(nn.Module):
                     p.grad = None
         self._pending = True
         contexts = self._contexts(micro_batches, self.attention_kernel)
+        self._make_compute_copies(grad=True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
 
         def forward(i: int, x: Optional[torch.Tensor]) -> torch.Tensor:
@@ -459,7 +508,10 @@ class ParallelTransformer(nn.Module):
 
         fns = StageFunctions(forward, lambda i: (contexts[i].rows, self.config.hidden_size),
                              self.dtype, self.device)
-        run_1f1b(fns, len(contexts), g.pp_rank, self.layout.pp, g.pp_ranks, g.pp_group, g.timeout)
+        try:
+            run_1f1b(fns, len(contexts), g.pp_rank, self.layout.pp, g.pp_ranks, g.pp_group, g.timeout)
+        finally:
+            self._drop_compute_copies()
         loss_sum = self._replica_loss(loss_sum)
         return float(loss_sum.sum()), sum(c.num_targets for c in contexts)
 
@@ -475,6 +527,17 @@ class ParallelTransformer(nn.Module):
         loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
         stage = g.pp_rank
         with torch.no_grad():
+            self._make_compute_copies(grad=False)
+        try:
+            self._forward_loss(contexts, loss_sum)
+        finally:
+            self._drop_compute_copies()
+        loss_sum = self._replica_loss(loss_sum)
+        return float(loss_sum), sum(c.num_targets for c in contexts)
+
+    def _forward_loss(self, contexts, loss_sum: torch.Tensor) -> None:
+        g, stage = self.groups, self.groups.pp_rank
+        with torch.no_grad():
             for ctx in contexts:
                 x = None
                 if not g.is_first_stage:
@@ -485,8 +548,6 @@ class ParallelTransformer(nn.Module):
                     loss_sum += y.double()
                 else:
                     exchange([(y.contiguous(), g.pp_ranks[stage + 1])], [], g.pp_group, g.timeout)
-        loss_sum = self._replica_loss(loss_sum)
-        return float(loss_sum), sum(c.num_targets for c in contexts)
 
     def finish_gradients(self) -> None:
         """Sums the TP-partial gradients (norm weights under sequence parallelism) over the TP

@@ -9,6 +9,8 @@ tp4 run differed by 1.7e-5 on one element; the gradients themselves agree to 1e-
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -245,3 +247,14 @@ def test_dead_pipeline_stage_raises_instead_of_hanging(mode):
     outcome, seconds = run_world(2, w.dead_stage, 3.0, mode, allow_exit=(1,), timeout=120)[0]
     assert outcome.startswith("RuntimeError"), outcome
     assert seconds < 12, (seconds, outcome)
+
+
+@pytest.mark.parametrize("layout,tied", [("dp1", True), ("tp2", False), ("pp2", True)])
+def test_weights_cast_once_per_call_equal_autocast_casting_every_micro_batch(layout, tied):
+    world = hs.Layout.parse(layout).world
+    for rank, out in enumerate(run_world(world, w.compute_copies_parity, layout, tied, timeout=300)):
+        (losses, grads), (ref_losses, ref_grads) = out[True], out[False]
+        assert losses == ref_losses, (rank, losses, ref_losses)
+        assert grads.keys() == ref_grads.keys()
+        for name in grads:
+            np.testing.assert_array_equal(grads[name], ref_grads[name], err_msg=f"rank {rank} {name}")

@@ -283,3 +283,23 @@ def fused_steps(rank, world, dtype_name, t):
 def fused_launches(rank, world):
     """World 1, Triton interpreted: the launches of ``fused_steps_on`` with each implementation."""
     return {kernels: fused_steps_on("cpu", kernels, torch.float32, 5)[1] for kernels in ("torch", "triton")}
+
+
+def compute_copies_parity(rank, world, layout_name, tied):
+    """Two steps of bf16 forward and backward (several micro-batches each, gradients
+    accumulating across the steps) and a validation pass, with the matrix weights cast once per
+    call and with autocast casting them at every micro-batch: per way the losses and this
+    rank's gradients."""
+    cfg = config(tied=tied, compute_dtype="bfloat16")
+    layout = hs.Layout.parse(layout_name)
+    groups = hs.ParallelGroups(layout)
+    out = {}
+    for copies in (True, False):
+        model = hs.ParallelTransformer(cfg, layout, groups, seed=5)
+        model._copy_weights = copies
+        losses = []
+        for step in batches()[:2]:
+            losses.append(model.forward_backward(step, 1.0 / hs.count_targets(step))[0])
+        losses.append(model.forward_loss(batches()[2])[0])
+        out[copies] = (losses, _numpy(model.grad_shards()))
+    return out
