@@ -34,6 +34,13 @@ message(STATUS "hotswitch: Python ${Python3_EXECUTABLE}, torch ${_hs_torch_versi
                " (CUDA ${_hs_torch_cuda}), CXX11 ABI ${_hs_torch_cxx11_abi}")
 set(HOTSWITCH_TORCH_CXX11_ABI "${_hs_torch_cxx11_abi}")
 set(HOTSWITCH_TORCH_VERSION "${_hs_torch_version}")
+# Newer torch headers (2.14 on) need C++20; then everything here is built as C++20, one
+# standard for all that links together.
+file(READ "${_hs_torch_include_dir}/ATen/ATen.h" _hs_aten_h)
+if(_hs_aten_h MATCHES "C\\+\\+20 or later")
+  set(CMAKE_CXX_STANDARD 20)
+  message(STATUS "hotswitch: torch's headers need C++20; building as C++20")
+endif()
 set(HOTSWITCH_PYTHON_EXT_SUFFIX "${_hs_torch_ext_suffix}")
 
 # torch's headers, and c10, torch and torch_cpu from torch/lib: what torch.utils.cpp_extension

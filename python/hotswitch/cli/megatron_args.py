@@ -69,7 +69,7 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
                                       "next would pass that many tokens (at most one document fewer than Megatron's "
                                       "packed step); --global-batch-documents counts documents instead"),
     _accepted("--train-iters", "same"),
-    _accepted("--lr", "same, but 1e-3 when not given (Megatron-LM has no default)"),
+    _accepted("--lr", "same: no default, required to train (not for --dry-run)"),
     _accepted("--min-lr", "same"),
     _accepted("--lr-decay-style", "constant, linear or cosine"),
     _accepted("--lr-decay-iters", "same"),

@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--global-batch-documents", action="store_true",
                    help="count --global-batch-size in documents instead: each step holds that many whole documents")
     t.add_argument("--train-iters", type=int, default=10)
-    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    t.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate; required to train, as Megatron-LM has no default")
     t.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
     t.add_argument("--lr-decay-style", default="linear", help="constant, linear or cosine")
     t.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
@@ -271,7 +272,7 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     missing = ScalarWriters.check(args)
     if missing:
         parser.error(missing)
-    if not math.isfinite(args.lr) or args.lr <= 0:
+    if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         parser.error(f"--lr must be a positive number, got {args.lr}")
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
@@ -329,7 +330,8 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     if args.lr_warmup_fraction is not None:
         args.lr_warmup_iters = int(args.lr_warmup_fraction * args.lr_decay_iters)
     try:
-        args.schedule = learning_rate_schedule(args)
+        # A dry run trains nothing: it needs no learning rate.
+        args.schedule = learning_rate_schedule(args) if args.lr is not None else None
     except ValueError as e:
         parser.error(str(e))
     tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
@@ -345,6 +347,9 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     if world is not None and not args.hot_switch and world % (tp * pp * cp):
         parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) * context({cp}) "
                      f"parallel size")
+    # Last: every other mistake in the command is named first.
+    if args.lr is None and not args.dry_run:
+        parser.error("--lr is required: the peak learning rate (Megatron-LM has no default either)")
     return args
 
 

@@ -7,8 +7,13 @@ import os
 import pytest
 
 from hotswitch.cli import megatron_args as ma
-from hotswitch.cli.train import build_parser, loss_scaling, parse_args
+from hotswitch.cli.train import build_parser, loss_scaling, parse_args as _parse_args
 from tests.python.cli.test_train_cli import ROOT, _train
+
+
+def parse_args(argv, *rest, **kw):
+    """hotswitch.train's parse_args with the learning rate every training command must give."""
+    return _parse_args(["--lr", "1e-3", *argv], *rest, **kw)
 
 # hotswitch.train's options that are not Megatron-LM's.
 OWN = {"--help", "--global-batch-tokens", "--hot-switch", "--candidate-layouts", "--home-layout",

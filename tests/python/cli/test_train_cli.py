@@ -12,7 +12,7 @@ import pytest
 import hotswitch as hs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--num-query-groups", "2",
+MODEL = ["--lr", "1e-3", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--num-query-groups", "2",
          "--seq-length", "256", "--global-batch-size", "12", "--max-files", "40", "--no-progress"]
 
 
@@ -208,7 +208,7 @@ def test_every_refused_and_unknown_argument_is_reported_together_once(tmp_path):
 def test_help_shows_the_defaults_and_missing_writers_are_refused(monkeypatch, capsys):
     import hotswitch.cli.train as cli
     text = cli.build_parser().format_help()
-    assert "default: 0.999" in text and "default: 0.001" in text and "default: 4" in text
+    assert "default: 0.999" in text and "required to train" in text and "default: 4" in text
     assert cli.default_ffn_hidden_size(2048) == 5440 and cli.default_ffn_hidden_size(4096) == 10880
     import importlib.util
     if importlib.util.find_spec("wandb") is None:

@@ -2,7 +2,12 @@
 
 import pytest
 
-from hotswitch.cli.train import parse_args, runtime_config
+from hotswitch.cli.train import parse_args as _parse_args, runtime_config
+
+
+def parse_args(argv, *rest, **kw):
+    """hotswitch.train's parse_args with the learning rate every training command must give."""
+    return _parse_args(["--lr", "1e-3", *argv], *rest, **kw)
 
 
 def test_recompute_flags_map_onto_the_runtime_config():

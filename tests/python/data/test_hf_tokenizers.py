@@ -109,7 +109,7 @@ def test_preprocess_and_train_with_a_huggingface_tokenizer_and_with_gpt2_bpe(tmp
         prefix = str(tmp_path / name)
         assert preprocess_data.main(["--input", str(docs), "--output-prefix", prefix, *tok_args, "--append-eod"]) == 0
         out = subprocess.run([sys.executable, "-m", "hotswitch.launch", "--nproc-per-node", "1", "-m",
-                              "hotswitch.train", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
+                              "hotswitch.train", "--lr", "1e-3", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
                               "4", "--seq-length", "128", "--global-batch-size", "4", "--train-iters", "2",
                               "--no-progress", "--data-path", prefix + "_text_document", *tok_args],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)

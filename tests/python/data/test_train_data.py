@@ -15,7 +15,7 @@ from hotswitch.cli import preprocess_data  # noqa: E402
 from hotswitch.data.tokenizers import train_sentencepiece  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "128",
+MODEL = ["--lr", "1e-3", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "128",
          "--global-batch-size", "6", "--global-batch-documents", "--no-progress"]
 
 
