@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("checkpoints")
     c.add_argument("--save", default=None, help="directory to save checkpoints in")
     c.add_argument("--save-interval", type=int, default=None, help="save every N steps (and at the end)")
-    c.add_argument("--load", default=None, help="checkpoint (step_N or a --save directory) to start from")
+    c.add_argument("--load", default=None, help="checkpoint (step_N or a --save directory) to start from; "
+                   "one holding none starts from the initialised model, with a warning, as in Megatron-LM")
     c.add_argument("--ckpt-format", default="hotswitch", choices=("hotswitch", "torch_dist", "torch_dcp"),
                    help="how --save writes: hotswitch's own layout-independent format, or torch.distributed."
                         "checkpoint (torch_dist and torch_dcp alike); --load reads either")
@@ -475,8 +476,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from hotswitch.checkpoint import latest_checkpoint
         is_step = any(os.path.exists(os.path.join(source, f)) for f in ("metadata.json", ".metadata"))
         path = source if is_step else latest_checkpoint(source)
-        if path is None and not args.resume:
-            parser.error(f"--load {source!r} holds no checkpoint")
+        if path is None and not args.resume and rank == 0:
+            # Megatron-LM's scripts pass --load and --save the same folder from the first run on.
+            print(f"warning: --load {source!r} holds no checkpoint; starting from the initialised model, "
+                  f"as Megatron-LM does", file=sys.stderr, flush=True)
         if path is not None:
             info = runtime.load_checkpoint(path, optimizer=not (args.finetune or args.no_load_optim),
                                            rng=not (args.finetune or args.no_load_rng), reset_step=args.finetune)
