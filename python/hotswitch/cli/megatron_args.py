@@ -65,9 +65,9 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--rotary-base", "same"),
     # training
     _accepted("--micro-batch-size", "caps a packed micro-batch at micro-batch-size x seq-length tokens"),
-    _accepted("--global-batch-size", "sequences of --seq-length tokens: a step draws whole documents until the "
-                                      "next would pass that many tokens (at most one document fewer than Megatron's "
-                                      "packed step); --global-batch-documents counts documents instead"),
+    _accepted("--global-batch-size", "sequences of --seq-length tokens: a step holds exactly that many tokens, "
+                                      "as Megatron's; a document cut at the step's end goes on in the next; "
+                                      "--global-batch-documents counts documents instead"),
     _accepted("--train-iters", "same"),
     _accepted("--lr", "same: no default, required to train (not for --dry-run)"),
     _accepted("--min-lr", "same"),

@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--micro-batch-size", type=int, default=None,
                    help="sequences of --seq-length per micro-batch: caps a micro-batch's tokens")
     t.add_argument("--global-batch-size", type=int, default=32,
-                   help="sequences of --seq-length tokens per step, as in Megatron-LM: a step draws whole documents "
-                        "until the next would pass global-batch-size x seq-length tokens")
+                   help="sequences of --seq-length tokens per step, as in Megatron-LM: a step holds exactly "
+                        "global-batch-size x seq-length tokens of documents, the last one's rest opening the next step")
     t.add_argument("--global-batch-tokens", type=int, default=None,
                    help="tokens per step instead (default: global-batch-size x seq-length)")
     t.add_argument("--global-batch-documents", action="store_true",
@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--save", default=None, help="directory to save checkpoints in")
     c.add_argument("--save-interval", type=int, default=None, help="save every N steps (and at the end)")
     c.add_argument("--load", default=None, help="checkpoint (step_N or a --save directory) to start from; "
-                   "one holding none starts from the initialised model, with a warning, as in Megatron-LM")
+                   "the --save folder holding none yet starts from the initialised model, with a warning, "
+                   "as in Megatron-LM")
     c.add_argument("--ckpt-format", default="hotswitch", choices=("hotswitch", "torch_dist", "torch_dcp"),
                    help="how --save writes: hotswitch's own layout-independent format, or torch.distributed."
                         "checkpoint (torch_dist and torch_dcp alike); --load reads either")
@@ -476,10 +477,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         from hotswitch.checkpoint import latest_checkpoint
         is_step = any(os.path.exists(os.path.join(source, f)) for f in ("metadata.json", ".metadata"))
         path = source if is_step else latest_checkpoint(source)
+        fresh = args.save is not None and os.path.abspath(source) == os.path.abspath(args.save)
+        if path is None and not args.resume and not fresh:
+            parser.error(f"--load {source!r} holds no checkpoint")
         if path is None and not args.resume and rank == 0:
             # Megatron-LM's scripts pass --load and --save the same folder from the first run on.
-            print(f"warning: --load {source!r} holds no checkpoint; starting from the initialised model, "
-                  f"as Megatron-LM does", file=sys.stderr, flush=True)
+            print(f"warning: --load {source!r} (the --save folder) holds no checkpoint yet; starting from the "
+                  f"initialised model, as Megatron-LM does", file=sys.stderr, flush=True)
         if path is not None:
             info = runtime.load_checkpoint(path, optimizer=not (args.finetune or args.no_load_optim),
                                            rng=not (args.finetune or args.no_load_rng), reset_step=args.finetune)

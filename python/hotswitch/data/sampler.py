@@ -49,11 +49,6 @@ class _Stream:
     def drawn(self) -> int:
         return self.epoch * len(self.usable) + self.position
 
-    def peek(self) -> int:
-        if self.position >= len(self.order):
-            return int(self._shuffle(self.epoch + 1)[0])
-        return int(self.order[self.position])
-
     def take(self) -> int:
         if self.position >= len(self.order):
             self.epoch, self.position = self.epoch + 1, 0
@@ -77,14 +72,18 @@ class LengthAwareSampler:
     furthest behind its weight's share).
 
     A global batch takes documents until it holds ``global_batch_size`` sequences or, when
-    ``global_batch_tokens`` is set, until adding the next document would exceed that many
-    tokens (at least one document per batch): with long-tailed lengths, a fixed token count
+    ``global_batch_tokens`` is set, exactly that many tokens: whole documents while they fit,
+    then the first part of the next one, whose rest opens the next batch (as Megatron-LM's
+    samples of ``seq_length`` tokens run across documents, so a step holds Megatron-LM's
+    ``global_batch_size * seq_length`` tokens). With long-tailed lengths, a fixed token count
     keeps the work per step steady where a fixed sequence count would not. Documents longer
     than ``max_length`` are truncated or split (``long_sequences``) and counted in
     ``cut_documents``; with a fixed sequence count, pieces of a split document beyond the
-    batch's last slot are dropped.
+    batch's last slot are dropped. The rest of a document carried into the next batch starts
+    a sequence of its own (positions from 0).
 
-    ``state_dict()`` / ``load_state_dict()`` save and restore the position in the data.
+    ``state_dict()`` / ``load_state_dict()`` save and restore the position in the data, a
+    document carried over included.
     """
 
     def __init__(self, documents, max_length: int, global_batch_size: Optional[int] = None,
@@ -115,6 +114,10 @@ class LengthAwareSampler:
         self._weights = np.asarray(weights, dtype=np.float64)
         self.documents_drawn = 0  # by this sampler object (not restored by load_state_dict)
         self.cut_documents = 0    # of those, longer than max_length
+        # Token batches: the pieces of the last document drawn not yet in a batch, and
+        # [source, document, tokens of it already placed] to restore them from.
+        self._pending: List[List[int]] = []
+        self._carry: Optional[List[int]] = None
 
     def _choose(self) -> int:
         if len(self._streams) == 1:
@@ -123,11 +126,6 @@ class LengthAwareSampler:
         errors = self._weights * max(float(counts.sum()), 1.0) - counts
         return int(np.argmax(errors))
 
-    def _peek_length(self) -> int:
-        stream = self._streams[self._choose()]
-        length = int(stream.lengths[stream.peek()])
-        return length if self.long_sequences == "split" else min(length, self.max_length)
-
     def _take(self) -> Tuple[Documents, int]:
         stream = self._streams[self._choose()]
         return stream.documents, stream.take()
@@ -135,23 +133,40 @@ class LengthAwareSampler:
     def next_batch(self) -> List[List[int]]:
         """The next global batch: a list of token sequences (lists of ids), each of length
         1..max_length."""
+        if self.global_batch_tokens is not None:
+            return self._token_batch()
         batch: List[List[int]] = []
-        tokens = 0
-        while True:
-            if self.global_batch_size is not None:
-                if len(batch) >= self.global_batch_size:
-                    break
-            elif batch and tokens + self._peek_length() > self.global_batch_tokens:
-                break
+        while len(batch) < self.global_batch_size:
             source, doc = self._take()
             ids = source.tokens(doc)
             self.documents_drawn += 1
             self.cut_documents += len(ids) > self.max_length
-            pieces = fit_length(ids, self.max_length, self.long_sequences)
-            if self.global_batch_size is not None:
-                pieces = pieces[:self.global_batch_size - len(batch)]
-            batch.extend(pieces)
-            tokens += sum(len(p) for p in pieces)
+            batch.extend(fit_length(ids, self.max_length, self.long_sequences)[:self.global_batch_size - len(batch)])
+        return batch
+
+    def _token_batch(self) -> List[List[int]]:
+        batch: List[List[int]] = []
+        room = self.global_batch_tokens
+        while room > 0:
+            if not self._pending:
+                k = self._choose()
+                doc = self._streams[k].take()
+                ids = self._streams[k].documents.tokens(doc)
+                self.documents_drawn += 1
+                self.cut_documents += len(ids) > self.max_length
+                self._pending = fit_length(ids, self.max_length, self.long_sequences)
+                self._carry = [k, doc, 0]
+            piece = self._pending[0]
+            part = piece[:room]
+            batch.append(part)
+            room -= len(part)
+            self._carry[2] += len(part)
+            if len(part) == len(piece):
+                self._pending.pop(0)
+            else:
+                self._pending[0] = piece[len(part):]
+        if not self._pending:
+            self._carry = None
         return batch
 
     def __iter__(self) -> Iterator[List[List[int]]]:
@@ -163,16 +178,21 @@ class LengthAwareSampler:
         ``{"seed", "streams": [[epoch, position] per source]}`` for a blend."""
         if len(self._streams) == 1:
             s = self._streams[0]
-            return {"seed": self.seed, "epoch": s.epoch, "position": s.position}
-        return {"seed": self.seed, "streams": [[s.epoch, s.position] for s in self._streams]}
+            state = {"seed": self.seed, "epoch": s.epoch, "position": s.position}
+        else:
+            state = {"seed": self.seed, "streams": [[s.epoch, s.position] for s in self._streams]}
+        if self._carry is not None:
+            state["carry"] = list(self._carry)  # [source, document, tokens already placed]
+        return state
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Restores a position saved by ``state_dict``; ValueError, with nothing changed, for a
         bad or foreign state."""
         single = len(self._streams) == 1
         keys = {"seed", "epoch", "position"} if single else {"seed", "streams"}
-        if not isinstance(state, dict) or set(state) != keys:
-            raise ValueError(f"sampler state must be a dict with {', '.join(sorted(keys))}, got {state!r}")
+        if not isinstance(state, dict) or set(state) - {"carry"} != keys:
+            raise ValueError(f"sampler state must be a dict with {', '.join(sorted(keys))} (and carry), "
+                             f"got {state!r}")
         if state["seed"] != self.seed:
             raise ValueError(f"sampler state has seed {state['seed']!r}, this sampler has {self.seed}")
         positions = [[state["epoch"], state["position"]]] if single else state["streams"]
@@ -187,5 +207,30 @@ class LengthAwareSampler:
                     and epoch >= 0 and 0 <= position <= len(stream.usable)):
                 raise ValueError(f"sampler state epoch {epoch!r} / position {position!r} of source {k} outside "
                                  f"[0, inf) / [0, {len(stream.usable)}]")
+        pending = self._carried(state.get("carry"))
         for (epoch, position), stream in zip(positions, self._streams):
             stream.restore(epoch, position)
+        self._pending, self._carry = pending, (list(state["carry"]) if pending else None)
+
+    def _carried(self, carry) -> List[List[int]]:
+        """The pieces still to place of a carried-over document ``[source, document, tokens
+        already placed]`` (none for ``None``); ValueError for one that names no such rest."""
+        if carry is None:
+            return []
+        if not (isinstance(carry, (list, tuple)) and len(carry) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in carry)
+                and 0 <= carry[0] < len(self._streams) and carry[2] > 0
+                and 0 <= carry[1] < len(self._streams[carry[0]].lengths)):
+            raise ValueError(f"sampler state carry must be [source, document, tokens placed] of a document "
+                             f"of this sampler's sources, got {carry!r}")
+        k, doc, skip = carry
+        pending = []
+        for piece in fit_length(self._streams[k].documents.tokens(doc), self.max_length, self.long_sequences):
+            if skip >= len(piece):
+                skip -= len(piece)
+                continue
+            pending.append(piece[skip:])
+            skip = 0
+        if not pending:
+            raise ValueError(f"sampler state carry {carry!r}: the document has no tokens left to place")
+        return pending

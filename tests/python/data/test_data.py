@@ -103,12 +103,30 @@ def test_sampler_token_budget_and_split(corpus_dir):
     s = data.LengthAwareSampler(corpus, max_length=100, global_batch_tokens=150, long_sequences="split")
     long_doc = data.fit_length(corpus.tokens(2), 100, "split")
     assert [len(x) for x in long_doc] == [100] * 5 + [2]
-    for _ in range(6):
-        batch = s.next_batch()
-        total = sum(len(x) for x in batch)
-        # At most the budget, unless one document alone (split into pieces) exceeds it.
-        assert total <= 150 or batch == long_doc
-        assert all(len(x) <= 100 for x in batch)
+    batches = []
+    for i in range(6):
+        if i == 2:
+            state = s.state_dict()
+        batches.append(s.next_batch())
+    # Exactly the budget every step, in pieces of at most max_length; documents run on into the
+    # next batch, so the batches' tokens are the drawn documents' pieces, in order, none lost.
+    assert all(sum(len(x) for x in batch) == 150 for batch in batches)
+    assert all(1 <= len(x) <= 100 for batch in batches for x in batch)
+    flat = [t for batch in batches for x in batch for t in x]
+    fresh = data.LengthAwareSampler(corpus, max_length=100, global_batch_tokens=150, long_sequences="split")
+    drawn = []
+    while len(drawn) < len(flat):
+        k = fresh._choose()
+        doc = fresh._streams[k].take()
+        drawn += [t for piece in data.fit_length(corpus.tokens(doc), 100, "split") for t in piece]
+    assert flat == drawn[:len(flat)]
+    # A resume from the middle of a document continues it.
+    assert "carry" in state, state
+    resumed = data.LengthAwareSampler(corpus, max_length=100, global_batch_tokens=150, long_sequences="split")
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch() for _ in range(4)] == batches[2:]
+    with pytest.raises(ValueError, match="carry must be"):
+        resumed.load_state_dict({**state, "carry": [0, 10 ** 6, 1]})
 
 
 @pytest.mark.parametrize("kwargs,needle", [
