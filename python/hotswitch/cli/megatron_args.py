@@ -63,6 +63,8 @@ MEGATRON_ARGUMENTS: Tuple[MegatronArgument, ...] = (
     _accepted("--init-method-std", "same"),
     _accepted("--norm-epsilon", "same"),
     _accepted("--rotary-base", "same"),
+    _accepted("--use-rope-scaling", "same (LLaMA 3.1's scaling: frequency factors 1 and 4, original context 8192)"),
+    _accepted("--rope-scaling-factor", "same (default 8)"),
     # training
     _accepted("--micro-batch-size", "caps a packed micro-batch at micro-batch-size x seq-length tokens"),
     _accepted("--global-batch-size", "sequences of --seq-length tokens: a step holds exactly that many tokens, "

@@ -44,6 +44,11 @@ from hotswitch.schedule import DECAY_STYLES, LearningRateSchedule
 __all__ = ["build_parser", "format_iteration", "iteration_record", "learning_rate_schedule", "loss_scaling", "main",
            "parse_args", "runtime_config", "validation_record"]
 
+# Megatron-LM's --use-rope-scaling: LLaMA 3.1's scaling with its fixed factors (its factor is
+# --rope-scaling-factor).
+MEGATRON_ROPE_SCALING = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}
+
 
 def default_ffn_hidden_size(hidden_size: int) -> int:
     """Megatron-LM's FFN size under --swiglu: int(4 h * 2 / 3 / 64) * 64 (here at least 64)."""
@@ -91,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--init-method-std", type=float, default=0.02, help="standard deviation of the initial weights")
     m.add_argument("--norm-epsilon", type=float, default=1e-5, help="RMSNorm epsilon")
     m.add_argument("--rotary-base", type=float, default=10000.0, help="rotary embedding base (theta)")
+    m.add_argument("--use-rope-scaling", action="store_true",
+                   help="LLaMA 3.1's rotary frequency scaling, as Megatron-LM applies it (low/high frequency "
+                        "factors 1 and 4, original context 8192)")
+    m.add_argument("--rope-scaling-factor", type=float, default=8.0, help="its factor, with --use-rope-scaling")
     t = p.add_argument_group("training")
     t.add_argument("--micro-batch-size", type=int, default=None,
                    help="sequences of --seq-length per micro-batch: caps a micro-batch's tokens")
@@ -349,6 +358,11 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
     if world is not None and not args.hot_switch and world % (tp * pp * cp):
         parser.error(f"world({world}) is not divisible by tensor({tp}) * pipeline({pp}) * context({cp}) "
                      f"parallel size")
+    if args.rope_scaling_factor != 8.0 and not args.use_rope_scaling:
+        parser.error(f"--rope-scaling-factor {args.rope_scaling_factor} needs --use-rope-scaling")
+    if not math.isfinite(args.rope_scaling_factor) or args.rope_scaling_factor <= 0:
+        parser.error(f"--rope-scaling-factor must be a positive number, got {args.rope_scaling_factor}")
+    args.rope_scaling = dict(MEGATRON_ROPE_SCALING, factor=args.rope_scaling_factor) if args.use_rope_scaling else None
     # Last: every other mistake in the command is named first.
     if args.lr is None and not args.dry_run:
         parser.error("--lr is required: the peak learning rate (Megatron-LM has no default either)")
@@ -448,7 +462,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             ffn_hidden_size=args.ffn_hidden_size, vocab_size=args.vocab_size,
             max_position_embeddings=args.max_position_embeddings,
             tied_embedding=not args.untie_embeddings_and_output_weights, init_std=args.init_method_std,
-            norm_eps=args.norm_epsilon, rope_theta=args.rotary_base,
+            norm_eps=args.norm_epsilon, rope_theta=args.rotary_base, rope_scaling=args.rope_scaling,
             compute_dtype="bfloat16" if args.bf16 else "float16" if args.fp16 else None)
         settings = runtime_config(args, world)
         if measure_overhead(args) and not args.dry_run:

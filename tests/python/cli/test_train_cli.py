@@ -84,6 +84,8 @@ def test_a_checkpoint_of_one_rank_resumes_on_two(tmp_path, full_run):
     (["--load", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
     (["--lr-decay-style", "step"], "--lr-decay-style must be one of constant, linear, cosine, got 'step'"),
     (["--clip-grad", "-1"], "--clip-grad must be a number >= 0, got -1.0"),
+    (["--rope-scaling-factor", "4"], "--rope-scaling-factor 4.0 needs --use-rope-scaling"),
+    (["--use-rope-scaling", "--rope-scaling-factor", "0"], "--rope-scaling-factor must be a positive number, got 0.0"),
     (["--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"], "--lr-warmup-fraction and --lr-warmup-iters"),
     (["--lr-decay-style", "cosine", "--lr-warmup-iters", "20", "--train-iters", "10"],
      "--lr-decay-iters(10) must exceed the warm-up (20 iterations)"),
