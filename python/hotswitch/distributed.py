@@ -56,6 +56,9 @@ def _rank_main(fn, rank, world, store_path, results, args, pg_timeout, backend):
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=pg_timeout))
+        # Every rank finishes joining before any runs fn: a rank whose fn ends at once would
+        # otherwise exit while a peer still connects to it (gloo: "connection closed by peer").
+        dist.barrier()
         results.put((rank, "ok", fn(rank, world, *args)))
     except BaseException as e:  # reported to the parent, which raises
         results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
