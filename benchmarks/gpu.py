@@ -142,6 +142,19 @@ def best_megatron(rows, tp: int, seq_length: int):
 # ----------------------------------------------------------------------------- micro-batches
 
 
+def document_lengths(parser, data_dir: str, quick: bool):
+    """``(lengths, source)``: ``wikipedia.lengths`` of ``data_dir``, or with ``quick`` a fixed
+    log-normal sample when it is missing (otherwise a usage error)."""
+    lengths_path = os.path.join(data_dir, "wikipedia.lengths")
+    if os.path.exists(lengths_path):
+        return load_lengths(lengths_path), "wikipedia.lengths"
+    if not quick:
+        parser.error(f"{lengths_path} not found (--data-dir)")
+    rng = random.Random(5)
+    print(f"{lengths_path} not found; --quick draws lengths from a log-normal sample")
+    return [max(1, int(rng.lognormvariate(5.9, 1.2))) for _ in range(10000)], "log-normal sample"
+
+
 def draw_packs(lengths, budget: int, count: int, seed: int):
     """``count`` packs (lists of sequence lengths) of at most ``budget`` tokens: documents
     drawn at random, cut to ``budget``, packed in draw order until the next does not fit."""
@@ -393,16 +406,8 @@ def main(argv=None):
     if not cuda and not args.quick:
         parser.error("no CUDA device: the full benchmark measures a GPU; run --quick for CPU figures")
     start = time.perf_counter()
-    lengths_path = os.path.join(args.data_dir, "wikipedia.lengths")
     runs_path = os.path.join(args.data_dir, "megatron_runs", "runs.csv")
-    if os.path.exists(lengths_path):
-        lengths, source = load_lengths(lengths_path), "wikipedia.lengths"
-    elif args.quick:
-        rng = random.Random(5)
-        lengths, source = [max(1, int(rng.lognormvariate(5.9, 1.2))) for _ in range(10000)], "log-normal sample"
-        print(f"{lengths_path} not found; --quick draws lengths from a log-normal sample")
-    else:
-        parser.error(f"{lengths_path} not found (--data-dir)")
+    lengths, source = document_lengths(parser, args.data_dir, args.quick)
     budgets = chosen_budgets or (QUICK["budgets"] if args.quick else BUDGETS)
     count = QUICK["micro_batches"] if args.quick else MICRO_BATCHES
     spec = {"cuda": cuda, "tps": tps, "budgets": budgets, "model": QUICK["model"] if args.quick else LLAMA_7B,

@@ -34,18 +34,15 @@ peak; on the CPU over a one-thread fp32 512^3 product's rate), ``reference_step_
 import argparse
 import contextlib
 import json
-import os
-import random
 import sys
 import time
 
 import torch
 
 import hotswitch as hs
-from hotswitch.data import load_lengths
 from hotswitch.distributed import spawn
 from benchmarks import default_data_dir, rounded
-from benchmarks.gpu import _ints, _peak, _sync, draw_packs
+from benchmarks.gpu import _ints, _peak, _sync, document_lengths, draw_packs
 
 MODEL = dict(num_layers=22, hidden_size=2048, num_attention_heads=32, num_query_groups=4, ffn_hidden_size=5632,
              vocab_size=32000)
@@ -191,15 +188,7 @@ def main(argv=None):
     if not cuda and not args.quick:
         parser.error("no CUDA device: the full benchmark measures a GPU; run --quick for CPU figures")
     start = time.perf_counter()
-    lengths_path = os.path.join(args.data_dir, "wikipedia.lengths")
-    if os.path.exists(lengths_path):
-        lengths, source = load_lengths(lengths_path), "wikipedia.lengths"
-    elif args.quick:
-        rng = random.Random(5)
-        lengths, source = [max(1, int(rng.lognormvariate(5.9, 1.2))) for _ in range(10000)], "log-normal sample"
-        print(f"{lengths_path} not found; --quick draws lengths from a log-normal sample")
-    else:
-        parser.error(f"{lengths_path} not found (--data-dir)")
+    lengths, source = document_lengths(parser, args.data_dir, args.quick)
     budgets = chosen or (QUICK_BUDGETS if args.quick else BUDGETS)
     steps = (QUICK_STEPS if args.quick else STEPS) + 1
     packs = {b: [draw_packs(lengths, b, MICRO_BATCHES, seed=b * 100 + s) for s in range(steps)] for b in budgets}
