@@ -12,35 +12,18 @@ import pytest
 
 pytest.importorskip("sentencepiece")
 
-from hotswitch.cli import preprocess_data  # noqa: E402
-from hotswitch.data.tokenizers import train_sentencepiece  # noqa: E402
+# The SentencePiece-tokenized indexed dataset of the Megatron data tests.
+from tests.python.data.test_train_data import data  # noqa: E402,F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SCRIPT = os.path.join(ROOT, "examples", "megatron_llama2.sh")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llama2")
-    stdlib = os.path.dirname(json.__file__)
-    texts = [open(os.path.join(stdlib, f)).read() for f in sorted(os.listdir(stdlib)) if f.endswith(".py")]
-    model = str(root / "tok.model")
-    train_sentencepiece(iter(texts), model, vocab_size=400)
-    with open(root / "docs.jsonl", "w") as f:
-        for t in texts:
-            for block in t.split("\n\n\n"):
-                f.write(json.dumps({"text": block}) + "\n")
-    assert preprocess_data.main(["--input", str(root / "docs.jsonl"), "--output-prefix", str(root / "docs"),
-                                 "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", model,
-                                 "--append-eod"]) == 0
-    return root, model
 
 
 def test_the_megatron_llama2_script_runs_with_only_its_launcher_changed(data, tmp_path):
     root, model = data
     ckpt, tb, summary = tmp_path / "ckpt", tmp_path / "tb", tmp_path / "summary.json"
     launch = f"{sys.executable} -m hotswitch.launch --nproc-per-node 2 -m hotswitch.train"
-    out = subprocess.run(["bash", SCRIPT, str(ckpt), str(tb), model, str(root / "docs_text_document"),
+    out = subprocess.run(["bash", SCRIPT, str(ckpt), str(tb), model, str(root / "json_text_document"),
                           "--no-progress", "--summary-json", str(summary)], cwd=ROOT,
                          env={**os.environ, "LAUNCH": launch}, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
