@@ -544,22 +544,26 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<CostModel>(m, "CostModel")
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
-                       bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk) {
+                       bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk,
+                       std::map<std::string, double> layoutScale) {
              CostOptions o;
              o.zero = zero;
              o.sequenceParallel = sequenceParallel;
              o.flashAttention = flashAttention;
              o.cpOverlap = cpOverlap;
              o.cpMinChunk = cpMinChunk;
+             o.layoutScale = std::move(layoutScale);
              return CostModel(model, hw, topo, o);
            }),
            py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false,
            py::arg("sequence_parallel") = true, py::arg("flash_attention") = true, py::arg("cp_overlap") = 0.0,
-           py::arg("cp_min_chunk") = 4,
+           py::arg("cp_min_chunk") = 4, py::arg("layout_scale") = std::map<std::string, double>{},
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
            "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
-           "cp_min_chunk: tokens of the smallest cp chunk (shorter sequences stay whole on one cp rank).")
+           "cp_min_chunk: tokens of the smallest cp chunk (shorter sequences stay whole on one cp rank). "
+           "layout_scale: {layout name: factor > 0} on every time term of that layout (the others keep 1).")
+      .def_property_readonly("layout_scale", [](const CostModel& c) { return c.options().layoutScale; })
       .def_property_readonly("model", &CostModel::model)
       .def_property_readonly("hardware", &CostModel::hardware)
       .def_property_readonly("topology", &CostModel::topology)

@@ -177,6 +177,10 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
   HS_CHECK(options_.cpMinChunk >= 1, "cp_min_chunk must be >= 1 token, got ", options_.cpMinChunk);
   HS_CHECK(options_.optimizerBytesPerParam >= 0, "optimizer_bytes_per_param must be >= 0, got ",
            options_.optimizerBytesPerParam);
+  for (const auto& [name, factor] : options_.layoutScale) {
+    HS_CHECK(std::isfinite(factor) && factor > 0, "layout_scale of ", name, " must be a finite factor > 0, got ",
+             factor);
+  }
 }
 
 double CostModel::forwardFlops(int64_t s) const {
@@ -411,6 +415,15 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   }
   // 8. Gradient reduction over the data group.
   out.dpSeconds = dataCollectiveSeconds(layout, gradientBytes(layout), !options_.zero);
+  // 11. What this machine's measured phases say of the layout beyond the shared coefficients.
+  if (const auto it = options_.layoutScale.find(layout.name()); it != options_.layoutScale.end()) {
+    const double k = it->second;
+    for (double* term : {&out.alphaCompute, &out.alphaTp, &out.beta, &out.gamma, &out.microBatchSeconds,
+                         &out.microBatchTpSeconds, &out.lastStageAlpha, &out.lastStageMicroBatchSeconds,
+                         &out.p2pPerToken, &out.p2pLatency, &out.dpSeconds, &out.alphaCp, &out.microBatchCpSeconds}) {
+      *term *= k;
+    }
+  }
   return out;
 }
 

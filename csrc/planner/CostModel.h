@@ -124,6 +124,8 @@
 // recomputed), its scores ÷ cp, its logits ÷ cp.
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -142,6 +144,10 @@ struct CostOptions {
   bool flashAttention = true;          // the attention core keeps no per-token^2 activations
   double cpOverlap = 0;                // share of the cp K/V traffic hidden behind compute, in [0, 1]
   int64_t cpMinChunk = 4;              // tokens: shorter cp chunks keep the sequence whole (10)
+  // Per layout (by Layout::name()): a factor on every time term of terms(), > 0 and finite;
+  // layouts not listed keep 1. What a machine's measured phases say of one layout beyond
+  // what the profile's shared coefficients explain (online re-calibration).
+  std::map<std::string, double> layoutScale;
 };
 
 // One cp rank's part of a micro-batch (10 above): tokens, causal (query, key) pairs of its

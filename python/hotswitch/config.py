@@ -126,6 +126,15 @@ class RuntimeConfig:
     model catches up. Applies with ``recalibrate`` (without it the model is fixed and plans
     are reproducible). None: every layout's prediction is relied on from the first step."""
 
+    explore: Optional[float] = 0.5
+    """The uncertainty, as a fraction u, of a layout the re-calibrating model has not yet
+    measured, which it may price far off. A plan relying on it prices its phases at (1 + u)
+    times the prediction; and from the second step on a step tries one such layout, on its
+    shortest pieces up to about a quarter of the step's tokens (the home running the rest),
+    when at (1 - u) times the prediction that would beat the plan. Once measured, a layout is
+    planned and trusted (``trust_error``) like every other. Applies with ``recalibrate`` and
+    ``trust_error``, not under a fixed plan. None: only the predictions choose."""
+
     fixed_plan: Optional[Union[str, Sequence]] = None
     """A hand-written plan that replaces the planner's choice every step: a JSON file or a list
     of ``[upper_bound, layout, recompute]`` entries, bounds increasing
@@ -152,6 +161,9 @@ class RuntimeConfig:
         if self.trust_error is not None and (isinstance(self.trust_error, bool) or not isinstance(
                 self.trust_error, (int, float)) or not (math.isfinite(self.trust_error) and self.trust_error > 0)):
             raise ValueError(f"trust_error must be a fraction > 0 (0.25: 25%) or None, got {self.trust_error!r}")
+        if self.explore is not None and (isinstance(self.explore, bool) or not isinstance(
+                self.explore, (int, float)) or not (math.isfinite(self.explore) and 0 <= self.explore < 1)):
+            raise ValueError(f"explore must be a fraction in [0, 1) (0.5: 50%) or None, got {self.explore!r}")
         if self.fixed_plan is not None:
             from hotswitch.planner import load_fixed_plan
             load_fixed_plan(self.fixed_plan, None)  # its form; world, model and memory at the runtime

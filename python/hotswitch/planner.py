@@ -45,7 +45,7 @@ def plan_choice(plan: "_C.StepPlan", names: List[str], min_gain: float) -> str:
         phase = plan.phases[0]
         return (f"one phase under {names[phase.candidate]} ({one:.3f} s): the planned phases ({program:.3f} s) "
                 f"were {one / program - 1:+.1%} faster, not the {min_gain:.1%} that switching must gain")
-    if one > 0:
+    if 0 < one < 1e29:  # 1e30: a one-phase plan the step cannot run (a layout left out)
         return (f"planned phases ({program:.3f} s): {one / program - 1:.1%} faster than one phase ({one:.3f} s), "
                 f"above the {min_gain:.1%} margin")
     return f"planned phases ({program:.3f} s): no single layout holds the step or it is one phase already"
@@ -294,7 +294,8 @@ def home_move_seconds(model, hardware, topology, candidates, src: int, dst: int,
     return 3 * one
 
 
-def choose_home(planner_for, homes, batches, current=None, move_seconds=None) -> Tuple[int, Dict[int, float]]:
+def choose_home(planner_for, homes, batches, current=None, move_seconds=None,
+                horizon: Optional[int] = None) -> Tuple[int, Dict[int, float]]:
     """The home layout from the expected cost over a window of recent batches.
 
     ``planner_for(h)``: the Planner whose home is candidate h; ``homes``: the candidate indices
@@ -302,7 +303,8 @@ def choose_home(planner_for, homes, batches, current=None, move_seconds=None) ->
     home are the sum of its planned steps (``StepPlan.total_seconds``) over the window. Without
     ``current`` the cheapest home is returned; with it, another home only when its saving over
     the window exceeds ``move_seconds(current, h)``, the seconds of moving there
-    (``home_move_seconds``). Returns ``(home, seconds per home)``. ValueError for no homes, an
+    (``home_move_seconds``); with ``horizon``, when its mean saving per batch over ``horizon``
+    batches does (a window not yet full still speaks for a full one). Returns ``(home, seconds per home)``. ValueError for no homes, an
     empty window, or a window no home can plan (naming the planner's reason)."""
     homes = list(homes)
     if not homes:
@@ -321,7 +323,11 @@ def choose_home(planner_for, homes, batches, current=None, move_seconds=None) ->
     best = min(totals, key=lambda h: (totals[h], h))
     if current is None or current not in totals or best == current:
         return best, totals
-    gain = {h: totals[current] - t - (move_seconds(current, h) if move_seconds else 0.0) for h, t in totals.items()}
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise ValueError(f"choose_home's horizon must be a number of batches >= 1, got {horizon!r}")
+    per = (horizon or len(batches)) / len(batches)
+    gain = {h: (totals[current] - t) * per - (move_seconds(current, h) if move_seconds else 0.0)
+            for h, t in totals.items()}
     moved = max(gain, key=lambda h: (gain[h], -h))
     return (moved if gain[moved] > 0 else current), totals
 

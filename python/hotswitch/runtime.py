@@ -52,6 +52,9 @@ __all__ = ["NonFiniteLoss", "PhaseResult", "Runtime", "StepResult"]
 _log = get_logger("runtime")
 
 _NEVER_S = 1e30  # a switch cost the planner never chooses
+# A layout tried because it was never measured runs at most about this share of the step's
+# tokens (RuntimeConfig.explore): enough for the model to learn it, little to lose if it is slow.
+EXPLORE_SHARE = 0.25
 _TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -184,6 +187,8 @@ class Runtime:
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
         self.hardware = hardware
+        self._layout_scale: Dict[str, float] = {}  # per layout, from the measured phases (re-calibration)
+        self._measured: set = set()  # layouts the online calibration has observed
         self.cost = self._cost_model(hardware)
         self.home_placement = "zero" if zero else "sharded"  # of the master weights and accumulator
         # The recompute modes the planner may give a phase (RuntimeConfig.recompute).
@@ -258,7 +263,19 @@ class Runtime:
         chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
         gathers K/V before its attention call)."""
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
-                         cp_min_chunk=CP_MIN_CHUNK)
+                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale())
+
+    def _planned_scale(self) -> Dict[str, float]:
+        """The factor on each layout's predicted times: the re-calibration's for the layouts it
+        measured; under ``explore``, 1 + explore for those it has not yet (a layout the model
+        has never seen run is priced at the top of its uncertainty when the step relies on it;
+        ``_explore`` prices it at the bottom when deciding whether to try it)."""
+        scale = dict(self._layout_scale)
+        if self._exploring:
+            for c in self.candidates:
+                if c.name not in self._measured:
+                    scale[c.name] = 1.0 + self.settings.explore
+        return scale
 
     def _home(self, home, free) -> "_C.Layout":
         names = [l.name for l in self.candidates]
@@ -569,6 +586,8 @@ class Runtime:
     min_gain = property(lambda self: float(self.settings.min_gain))
     # Trust protects runs whose model learns online; a fixed model plans reproducibly.
     _protecting = property(lambda self: self.settings.recalibrate and self.settings.trust_error is not None)
+    _exploring = property(lambda self: self._protecting and self.settings.explore is not None
+                          and self.settings.fixed_plan is None)
 
     @property
     def updates(self) -> int:
@@ -682,14 +701,71 @@ class Runtime:
         for ph in plan.phases:
             if ph.candidate != home and names[ph.candidate] not in self._trusted:
                 work[ph.candidate] = work.get(ph.candidate, 0.0) + ph.cost.run_seconds
-        if len(work) <= 1:
+        if len(work) > 1:
+            tried = max(work, key=lambda c: (work[c], -c))
+            untrusted = {i for i, n in enumerate(names) if n not in self._trusted and i not in (home, tried)}
+            _log.info("step %d: the plan relied on %d untrusted layouts %s; trying only %s this step",
+                      self.step + 1, len(work), sorted(names[c] for c in work), names[tried])
+            restricted = self._restricted_planner(left_out | untrusted).plan(lengths)
+            if restricted.total_seconds < _NEVER_S:
+                plan = restricted
+        return self._explore(lengths, plan, names, home)
+
+    def _explore(self, lengths, plan, names, home):
+        """Optimism towards the layouts the model has never measured (``RuntimeConfig.explore``,
+        u): the planner prices each at (1 + u) times its prediction (``_planned_scale``), the top
+        of its uncertainty; here each one not yet measured and not in the plan, the home aside,
+        is priced running the shortest pieces it holds, up to ``EXPLORE_SHARE`` of the step's
+        tokens (the home running the rest), with its own phase at (1 - u) times, the bottom; the
+        step runs that instead when so priced it beats the plan as planned. From the second step on, whose times the model learns from; at most
+        one a step (the cheapest so priced); the home is measured whenever it runs."""
+        if not self._exploring or self.calibration is None or self.step < 1:
             return plan
-        tried = max(work, key=lambda c: (work[c], -c))
-        untrusted = {i for i, n in enumerate(names) if n not in self._trusted and i not in (home, tried)}
-        _log.info("step %d: the plan relied on %d untrusted layouts %s; trying only %s this step",
-                  self.step + 1, len(work), sorted(names[c] for c in work), names[tried])
-        restricted = self._restricted_planner(left_out | untrusted).plan(lengths)
-        return restricted if restricted.total_seconds < _NEVER_S else plan
+        unmeasured = [i for i, n in enumerate(names) if i != home and n not in self._measured]
+        if not unmeasured:
+            return plan
+        u = self.settings.explore
+        cut = 1.0 - (1.0 - u) / (1.0 + u)  # from the top of the uncertainty to its bottom
+
+        def price(p, c):
+            return p.total_seconds - cut * sum(ph.cost.run_seconds for ph in p.phases if ph.candidate == c)
+
+        pieces = [piece.length for piece in self.planner.pieces(lengths)]
+        longest = max(pieces)
+        home_mode = next(m for m in self.recompute_modes if self.planner.candidate_model(home, m).budget >= longest)
+        best, best_price, tried = plan, plan.total_seconds, None
+        in_plan = {ph.candidate for ph in plan.phases}
+        for c in unmeasured:
+            if c in in_plan:
+                continue
+            budget, k = max((self.planner.candidate_model(c, m).budget, -k) for k, m in enumerate(self.recompute_modes))
+            held = [n for n in sorted(pieces) if n <= budget]
+            if not held:
+                continue  # it holds no piece of this step
+            # The shortest pieces it holds, up to EXPLORE_SHARE of the step's tokens (one at least).
+            bound, tokens = held[0], 0
+            for n in held:
+                if tokens >= EXPLORE_SHARE * sum(pieces):
+                    break
+                bound, tokens = n, tokens + n
+            entries = [(bound, c, self.recompute_modes[-k])]
+            if bound < longest:
+                entries.append((longest, home, home_mode))
+            try:
+                trial = self.planner.plan_fixed(lengths, entries)
+            except ValueError:
+                continue
+            p = price(trial, c)
+            _log.debug("step %d: %s, never measured, would run %.3f s predicted, %.3f s at the bottom of its "
+                       "uncertainty, against %.3f s planned", self.step + 1, names[c], trial.total_seconds, p,
+                       plan.total_seconds)
+            if p < best_price:
+                best, best_price, tried = trial, p, c
+        if tried is not None:
+            _log.info("step %d: trying %s, never measured: %.3f s predicted, %.3f s at the bottom of its uncertainty "
+                      "(%.0f%%), against %.3f s planned", self.step + 1, names[tried], best.total_seconds,
+                      best_price, 100 * u, plan.total_seconds)
+        return best
 
     def _restricted_planner(self, without) -> Planner:
         """The planner with the candidates ``without`` (indices) priced out, built once per set
@@ -703,9 +779,11 @@ class Runtime:
 
     def _update_trust(self, plan, compute_s, cold) -> None:
         """Trusts a layout whose warm phase ran within ``trust_error`` of its predicted compute
-        seconds, and distrusts one that did not: it is left out of the next 1, 2, 4, ... steps.
-        ``compute_s``: each phase's forward and backward seconds on the slowest rank, so that
-        every rank decides alike."""
+        seconds, and distrusts one that did not; one that ran slower is also left out of the
+        next 1, 2, 4, ... steps (one that ran faster costs the step nothing: the next refit
+        learns it). The prediction is the model's own, without the factor ``explore`` puts on
+        a layout not yet measured. ``compute_s``: each phase's forward and backward seconds on
+        the slowest rank, so that every rank decides alike."""
         threshold = self.settings.trust_error
         # Before the first refit the model's scale is the starting profile's: a miss then says
         # nothing about one layout.
@@ -715,16 +793,20 @@ class Runtime:
             name = ph.layout.name
             if was_cold or name == self.home.name or measured <= 0:
                 continue
-            error = abs(ph.cost.run_seconds - measured) / measured
+            # self.cost planned this step; its factors beyond the fitted ones are explore's.
+            predicted = ph.cost.run_seconds * self._layout_scale.get(name, 1.0) / self.cost.layout_scale.get(name, 1.0)
+            error = abs(predicted - measured) / measured
             if error <= threshold:
                 self._trusted.add(name)
                 continue
             self._trusted.discard(name)
+            if measured < predicted:
+                continue
             misses = self._misses.get(name, 0)
             self._misses[name] = misses + 1
             self._left_out_until[name] = self.step + 1 + 2 ** misses
             _log.info("step %d: %s ran %.3f s against %.3f s predicted (error %.0f%% > %.0f%%): left out until "
-                      "step %d", self.step, name, measured, ph.cost.run_seconds, 100 * error,
+                      "step %d", self.step, name, measured, predicted, 100 * error,
                       100 * threshold, self._left_out_until[name])
 
     def _observe(self, plan, lengths, times) -> None:
@@ -735,6 +817,7 @@ class Runtime:
             return
         parts = times[2:]
         for k, ph in enumerate(plan.phases):
+            self._measured.add(ph.layout.name)
             compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
             batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph.packing.micro_batches]
             self.calibration.observe_phase(ph.layout, batches, compute_s, ph.recompute)
@@ -746,11 +829,13 @@ class Runtime:
         if fit is None:
             return
         d = fit.hardware.to_dict()
-        self._fit_vector = torch.tensor([d[f] for f in self._FIT_FIELDS] + [fit.switch_scale, fit.overhead_s],
+        self._fit_vector = torch.tensor([d[f] for f in self._FIT_FIELDS] + [fit.switch_scale, fit.overhead_s] +
+                                        [fit.layout_scale.get(c.name, 1.0) for c in self.candidates],
                                         dtype=torch.float64)
         _log.info("re-calibration after step %d: phase time error %.1f%% -> %.1f%% over %d phases; switch scale "
-                  "%.2f, fixed %.3f s per step", self.step, 100 * fit.error_before, 100 * fit.error_after,
-                  fit.phases, fit.switch_scale, fit.overhead_s)
+                  "%.2f, fixed %.3f s per step; layout factors %s", self.step, 100 * fit.error_before,
+                  100 * fit.error_after, fit.phases, fit.switch_scale, fit.overhead_s,
+                  {n: round(k, 3) for n, k in fit.layout_scale.items()})
 
     def _apply_fit(self) -> None:
         """Makes the last fit (rank 0's, so that every rank plans alike) the planner's model."""
@@ -764,7 +849,9 @@ class Runtime:
         fields.update(zip(self._FIT_FIELDS, values))
         hardware = _C.HardwareProfile.from_dict(fields)
         self.hardware = hardware
-        self._switch_scale, self._overhead_s = values[-2], values[-1]
+        n = len(self._FIT_FIELDS)
+        self._switch_scale, self._overhead_s = values[n], values[n + 1]
+        self._layout_scale = {c.name: k for c, k in zip(self.candidates, values[n + 2:]) if k != 1.0}
         self._fits_applied += 1
         self.cost = self._cost_model(hardware)
         self.planner = self._build_planner()
@@ -822,7 +909,8 @@ class Runtime:
     def _rehome(self) -> None:
         """After a step, with ``home_window``: the home with the least predicted time over the
         last batches (``hotswitch.planner.choose_home``, every candidate weighed with its own
-        switch costs), moved to when it saves more over the window than the move costs
+        switch costs), moved to when its mean saving per batch, over ``home_window`` batches,
+        exceeds what the move costs
         (three fp32 copies of the parameters, masters and Adam's moments, in the home
         placement, at the re-calibrated switch scale). Every rank decides alike: the same
         batches and the agreed cost model."""
@@ -843,7 +931,11 @@ class Runtime:
 
         self._stage = "choosing the home"
         new, totals = choose_home(planner_for, range(len(names)), list(self._recent), current=home,
-                                  move_seconds=move_seconds)
+                                  move_seconds=move_seconds, horizon=self.settings.home_window)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("step %d: predicted seconds over the last %d batches per home %s; moves from %s %s", self.step,
+                       len(self._recent), {names[h]: round(t, 4) for h, t in totals.items()}, names[home],
+                       {names[h]: round(move_seconds(home, h), 4) for h in totals if h != home})
         if new != home:
             _log.info("step %d: home %s -> %s: %.3f s against %.3f s predicted over the last %d batches, a move of "
                       "%.3f s", self.step, names[home], names[new], totals[new], totals[home], len(self._recent),

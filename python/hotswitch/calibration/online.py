@@ -11,6 +11,12 @@ and the slowest rank's measured seconds; and what the step spent outside phases 
   formula: the phase time is (almost) linear in these coefficients, so each observation's
   sensitivity to each one is taken from the cost model itself and the measured times
   choose the mix (ridge towards the current values keeps unobserved terms where they are);
+- then, per layout, keeps a factor on that layout's predicted times: the geometric mean of its
+  measured over its refitted predicted phase times, shrunk towards 1 by half an observation
+  (``LAYOUT_PRIOR``). The shared coefficients cannot say everything of one layout on one
+  machine (how its collectives overlap, how its pipeline's stages share a host's cores);
+  the factor carries what they miss, so that the home and the layouts already run are
+  priced as they ran;
 - scales the switch estimates by the ratio of measured to planned switch seconds;
 - keeps a running mean of the fixed per-step time outside phases and switches, which the
   runtime adds to the planner's prediction.
@@ -21,7 +27,7 @@ and plans the same steps.
 
 import collections
 import dataclasses
-from typing import Deque, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,6 +49,13 @@ _PROBE = {"layer_overhead_seconds": 1e-5, "sequence_overhead_seconds": 1e-6,
           "intra_node_latency": 1e-5, "inter_node_latency": 1e-5}
 
 
+# The pull of a layout's factor towards 1, in observations at 1: one phase at twice its
+# prediction gives 2 ** (1 / 1.5) = 1.59, three give 2 ** (3 / 3.5) = 1.81.
+LAYOUT_PRIOR = 0.5
+# The factors stay within this range of 1.
+LAYOUT_SCALE_RANGE = (0.2, 5.0)
+
+
 @dataclasses.dataclass
 class Fit:
     """The result of one re-calibration."""
@@ -51,8 +64,9 @@ class Fit:
     switch_scale: float
     overhead_s: float
     error_before: float          # median |predicted - measured| / measured of the phases
-    error_after: float
+    error_after: float           # the same under the refitted profile and layout factors
     phases: int                  # observations used
+    layout_scale: Dict[str, float] = dataclasses.field(default_factory=dict)  # per observed layout
 
 
 def _fields(hw) -> dict:
@@ -119,15 +133,20 @@ class OnlineCalibration:
         measured = np.array([m for _, m in self.switches])
         return float(np.clip(planned @ measured / (planned @ planned), 0.05, 50.0))
 
-    def _predict(self, fields: dict) -> np.ndarray:
-        cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero)
+    def _predict(self, fields: dict, layout_scale=None) -> np.ndarray:
+        cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
+                            layout_scale=layout_scale or {})
         out = []
         for layout, batches, _, recompute in self.phases:
             out.append(cost.phase(layout, batches, recompute=recompute).run_seconds)
         return np.array(out)
 
     def fit(self, hardware) -> Optional[Fit]:
-        """The refitted profile, or None without observations. Deterministic in its inputs."""
+        """The refitted profile, or None without observations. Deterministic in its inputs.
+
+        The shared coefficients and the layout factors are fitted in turn, three rounds: the
+        coefficients to the times divided by the factors, the factors to what the coefficients
+        leave, so that one layout's excess does not pull every other layout's prediction."""
         if not self.phases:
             return None
         measured = np.array([m for _, _, m, _ in self.phases])
@@ -136,9 +155,26 @@ class OnlineCalibration:
             if base[name] == 0:
                 base[name] = value
         predicted = self._predict(base)
+        layout_scale: Dict[str, float] = {}
+        for _ in range(3):
+            fields = self._fit_shared(base, measured, layout_scale)
+            if fields is None:
+                return None
+            layout_scale = self._layout_scale(self._predict(fields), measured)
+        profile = _profile(fields)
+        after = self._predict(fields, layout_scale)
+        return Fit(hardware=profile, switch_scale=self.switch_scale, overhead_s=self.overhead_s,
+                   error_before=float(np.median(np.abs(predicted - measured) / measured)),
+                   error_after=float(np.median(np.abs(after - measured) / measured)),
+                   phases=len(measured), layout_scale=layout_scale)
+
+    def _fit_shared(self, base: dict, measured: np.ndarray, layout_scale: Dict[str, float]) -> Optional[dict]:
+        """The profile's fields refitted to ``measured`` under ``layout_scale``, by regularised
+        least squares towards ``base``; None when they make no valid profile."""
+        predicted = self._predict(base, layout_scale)
         # Contribution of each term at the current coefficients: with time ~ sum_i c_i * x_i
         # (x_i the contribution, c_i its scale), doubling term i adds x_i.
-        columns = [self._predict(_scaled(base, i, 2.0)) - predicted for i in range(len(_TERMS))]
+        columns = [self._predict(_scaled(base, i, 2.0), layout_scale) - predicted for i in range(len(_TERMS))]
         x = np.stack(columns, axis=1)
         rest = predicted - x.sum(axis=1)  # what no term explains (0 for a linear model)
         active = [i for i in range(x.shape[1]) if np.any(np.abs(x[:, i]) > 1e-12)]
@@ -164,11 +200,16 @@ class OnlineCalibration:
         for i, s in enumerate(scale):
             fields = _scaled(fields, i, float(s))
         try:
-            profile = _profile(fields)
+            _profile(fields)
         except ValueError:
             return None
-        after = self._predict(fields)
-        return Fit(hardware=profile, switch_scale=self.switch_scale, overhead_s=self.overhead_s,
-                   error_before=float(np.median(np.abs(predicted - measured) / measured)),
-                   error_after=float(np.median(np.abs(after - measured) / measured)),
-                   phases=len(measured))
+        return fields
+
+    def _layout_scale(self, predicted: np.ndarray, measured: np.ndarray) -> Dict[str, float]:
+        """Per observed layout: exp(sum of log(measured / predicted) / (its phases + LAYOUT_PRIOR))."""
+        logs: Dict[str, List[float]] = {}
+        for (layout, _, _, _), p, m in zip(self.phases, predicted, measured):
+            if p > 0:
+                logs.setdefault(layout.name, []).append(float(np.log(m / p)))
+        low, high = LAYOUT_SCALE_RANGE
+        return {name: float(np.clip(np.exp(sum(v) / (len(v) + LAYOUT_PRIOR)), low, high)) for name, v in logs.items()}

@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "steps (0.25: 25%%; with re-calibration)")
     par.add_argument("--no-trust", dest="trust_error", action="store_const", const=None,
                      help="rely on every layout's prediction from the first step")
+    par.add_argument("--explore", type=float, default=0.5, metavar="FRACTION",
+                     help="uncertainty of a layout the re-calibrating model has not measured yet: a plan relying on "
+                          "it prices it at 1 + FRACTION times its prediction, and a step tries it on a quarter of its "
+                          "tokens when at 1 - FRACTION times it would beat the plan (0.5: 50%%; one a step)")
+    par.add_argument("--no-explore", dest="explore", action="store_const", const=None,
+                     help="never try a layout because it has not been measured")
     par.add_argument("--home-window", type=int, default=None, metavar="N",
                      help="with --hot-switch, re-choose the home layout over the last N batches after every step and "
                           "move it (masters and optimizer state) when that saves more than the move costs; 0: the "
@@ -407,7 +413,7 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
         min_gain=args.min_gain, fixed_plan=args.fixed_plan,
         home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
-        trust_error=args.trust_error)
+        trust_error=args.trust_error, explore=args.explore)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

@@ -142,6 +142,15 @@ def test_home_is_the_cheapest_over_the_window_and_moves_only_when_it_pays(setup)
                                 move_seconds=lambda a, b: 0.5 * gain)[0] != worst
     assert planning.choose_home(planner_for, homes, window, current=worst,
                                 move_seconds=lambda a, b: 2 * gain)[0] == worst
+    # A window of 3 batches speaking for a horizon of 6: the saving counts twice.
+    assert planning.choose_home(planner_for, homes, window, current=worst,
+                                move_seconds=lambda a, b: 1.5 * gain, horizon=6)[0] != worst
+    assert planning.choose_home(planner_for, homes, window, current=worst,
+                                move_seconds=lambda a, b: 2.5 * gain, horizon=6)[0] == worst
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"horizon must be a number of batches >= 1, got {bad!r}"):
+            planning.choose_home(planner_for, homes, window, current=worst, move_seconds=lambda a, b: 0.0,
+                                 horizon=bad)
     with pytest.raises(ValueError, match="at least one batch"):
         planning.choose_home(planner_for, homes, [])
     with pytest.raises(ValueError, match="at least one candidate home"):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hotswitch as hs
+from hotswitch.runtime import EXPLORE_SHARE
 from hotswitch.testing.harness import run_world
 
 from tests.python.runtime import workers as w
@@ -229,6 +230,8 @@ def _trust_state(fits_applied, home="dp4", trust_error=0.25, step=5):
     state._fits_applied, state.home, state.step = fits_applied, hs.Layout.parse(home), step
     state._trusted, state._misses, state._left_out_until = set(), {}, {}
     state._protecting = True  # re-calibration on, a trust_error set
+    state._layout_scale = {}  # the re-calibration's factors
+    state.cost = type("M", (), {"layout_scale": {}})()  # the factors the step was planned with
     return state
 
 
@@ -244,6 +247,15 @@ def test_trust_follows_the_measured_error_of_warm_phases_after_a_refit():
     hs.Runtime._update_trust(state, plan, [1.0, 3.0, 2.0, 1.0], [False, False, False, False])
     assert state._trusted == {"dp2tp2"}  # tp2pp2 missed: trust lost
     assert state._left_out_until == {"pp4": 10, "tp2pp2": 9}  # pp4's second miss: out of 2 steps
+    # Faster than predicted: not trusted, and not left out either (the step lost nothing).
+    # dp2tp2 was planned at explore's 1.5 times the model's own prediction (1.0 s / 1.5): it
+    # is judged against the model's own.
+    state.step = 11
+    state._layout_scale = {"pp4": 2.0}
+    state.cost.layout_scale = {"pp4": 2.0, "dp2tp2": 1.5}
+    hs.Runtime._update_trust(state, plan, [1.0, 0.5, 1.0, 0.7], [False, False, False, False])
+    assert "tp2pp2" not in state._trusted and state._left_out_until["tp2pp2"] == 9 and state._misses["tp2pp2"] == 1
+    assert state._trusted == {"dp2tp2", "pp4"}
     before = _trust_state(fits_applied=0)  # the starting profile's scale says nothing of one layout
     hs.Runtime._update_trust(before, plan, [9.0, 9.0, 9.0, 9.0], [False] * 4)
     assert not before._trusted and not before._left_out_until
@@ -264,6 +276,70 @@ def test_a_left_out_layout_still_runs_the_sequences_only_it_holds(reference):
 def test_a_bad_trust_error_is_refused(bad):
     with pytest.raises(ValueError, match="trust_error"):
         hs.RuntimeConfig(trust_error=bad)
+
+
+def _explore_state(measured, explore=0.5, step=1, home="tp2pp2"):
+    """What Runtime._explore reads, over the tiny model's 4-rank candidates, with a planner
+    pricing each unmeasured layout at (1 + explore) times its prediction, as the runtime's."""
+    from hotswitch import planner as planning
+
+    state = type("S", (), {})()
+    state.settings = hs.RuntimeConfig(explore=explore)
+    state._exploring, state.calibration, state.step = True, object(), step
+    state._measured = set(measured)
+    state.recompute_modes = ["none"]
+    candidates = [hs.Layout.parse(n) for n in CANDIDATES]
+    names = [c.name for c in candidates]
+    model = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
+    topology = hs.Topology(4, 4)
+    scale = {n: 1.0 + explore for n in names if n not in state._measured}
+    switch, reduced, partial = planning.switch_costs(model, w.hardware(), topology, candidates, names.index(home),
+                                                     zero=False)
+    state.planner = hs.Planner(hs.CostModel(model, w.hardware(), topology, layout_scale=scale), candidates,
+                               names.index(home), switch, reduced, partial)
+    return state, names, names.index(home)
+
+
+LENGTHS = [5, 9, 17, 30, 41, 64, 90, 128, 200, 256]
+
+
+def test_a_layout_never_measured_is_tried_on_a_share_of_the_step_when_its_optimistic_price_wins():
+    state, names, home = _explore_state(measured=["tp2pp2"], explore=0.9)
+    plan = state.planner.plan(LENGTHS)
+    tried = hs.Runtime._explore(state, LENGTHS, plan, names, home)
+    assert tried is not plan
+    used = {names[ph.candidate] for ph in tried.phases}
+    new = used - {"tp2pp2"} - {names[ph.candidate] for ph in plan.phases}
+    assert len(new) == 1, (used, [names[ph.candidate] for ph in plan.phases])  # one layout tried a step
+    # It runs the shortest pieces, about EXPLORE_SHARE of the tokens (the piece that crosses it included).
+    (c,) = new
+    pieces = [p.length for p in tried.pieces]
+    its = sorted(pieces[i] for ph in tried.phases if names[ph.candidate] == c for i in ph.sequences)
+    assert its == sorted(pieces)[:len(its)]
+    assert sum(its[:-1]) < EXPLORE_SHARE * sum(pieces)
+    # Priced at the bottom of its uncertainty, it beats the plan as planned.
+    cut = 1 - (1 - 0.9) / (1 + 0.9)
+    assert tried.total_seconds - cut * sum(ph.cost.run_seconds for ph in tried.phases
+                                           if names[ph.candidate] == c) < plan.total_seconds
+
+
+def test_no_layout_is_tried_without_optimism_once_measured_or_on_the_first_step():
+    # Optimism 0: a trial is never cheaper than the planner's own plan.
+    state, names, home = _explore_state(measured=["tp2pp2"], explore=0.0)
+    plan = state.planner.plan(LENGTHS)
+    assert hs.Runtime._explore(state, LENGTHS, plan, names, home) is plan
+    state, names, home = _explore_state(measured=CANDIDATES, explore=0.9)
+    plan = state.planner.plan(LENGTHS)
+    assert hs.Runtime._explore(state, LENGTHS, plan, names, home) is plan
+    state, names, home = _explore_state(measured=["tp2pp2"], explore=0.9, step=0)  # nothing learns from step 1
+    plan = state.planner.plan(LENGTHS)
+    assert hs.Runtime._explore(state, LENGTHS, plan, names, home) is plan
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, float("nan"), True, "0.5"])
+def test_a_bad_explore_is_refused(bad):
+    with pytest.raises(ValueError, match=r"explore must be a fraction in \[0, 1\)"):
+        hs.RuntimeConfig(explore=bad)
 
 
 def test_switching_into_a_pipeline_layout_in_the_middle_of_a_step(reference):
