@@ -732,7 +732,9 @@ class Runtime:
 
         pieces = [piece.length for piece in self.planner.pieces(lengths)]
         longest = max(pieces)
-        home_mode = next(m for m in self.recompute_modes if self.planner.candidate_model(home, m).budget >= longest)
+        # None: the home cannot run the step's longest pieces; a trial must then hold them all.
+        home_mode = next((m for m in self.recompute_modes
+                          if self.planner.candidate_model(home, m).budget >= longest), None)
         best, best_price, tried = plan, plan.total_seconds, None
         in_plan = {ph.candidate for ph in plan.phases}
         for c in unmeasured:
@@ -750,6 +752,8 @@ class Runtime:
                 bound, tokens = n, tokens + n
             entries = [(bound, c, self.recompute_modes[-k])]
             if bound < longest:
+                if home_mode is None:
+                    continue
                 entries.append((longest, home, home_mode))
             try:
                 trial = self.planner.plan_fixed(lengths, entries)
