@@ -717,8 +717,10 @@ class Runtime:
         of its uncertainty; here each one not yet measured and not in the plan, the home aside,
         is priced running the shortest pieces it holds, up to ``EXPLORE_SHARE`` of the step's
         tokens (the home running the rest), with its own phase at (1 - u) times, the bottom; the
-        step runs that instead when so priced it beats the plan as planned. From the second step on, whose times the model learns from; at most
-        one a step (the cheapest so priced); the home is measured whenever it runs."""
+        step runs that instead when so priced it beats the plan as planned. From the second step
+        on, whose times the model learns from; at most one a step (the cheapest so priced); the
+        home is measured whenever it runs, and a trial needs a home that holds the step's longest
+        pieces or a layout that holds them all."""
         if not self._exploring or self.calibration is None or self.step < 1:
             return plan
         unmeasured = [i for i, n in enumerate(names) if i != home and n not in self._measured]
