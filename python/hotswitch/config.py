@@ -126,14 +126,15 @@ class RuntimeConfig:
     model catches up. Applies with ``recalibrate`` (without it the model is fixed and plans
     are reproducible). None: every layout's prediction is relied on from the first step."""
 
-    explore: Optional[float] = 0.5
+    explore: Optional[float] = None
     """The uncertainty, as a fraction u, of a layout the re-calibrating model has not yet
     measured, which it may price far off. A plan relying on it prices its phases at (1 + u)
     times the prediction; and from the second step on a step tries one such layout, on its
     shortest pieces up to about a quarter of the step's tokens (the home running the rest),
     when at (1 - u) times the prediction that would beat the plan. Once measured, a layout is
     planned and trusted (``trust_error``) like every other. Applies with ``recalibrate`` and
-    ``trust_error``, not under a fixed plan. None: only the predictions choose."""
+    ``trust_error``, not under a fixed plan. None (the default for now): only the predictions
+    choose; 0.5 is the value measured in ``benchmarks.train``."""
 
     fixed_plan: Optional[Union[str, Sequence]] = None
     """A hand-written plan that replaces the planner's choice every step: a JSON file or a list

@@ -702,13 +702,15 @@ class Runtime:
             if ph.candidate != home and names[ph.candidate] not in self._trusted:
                 work[ph.candidate] = work.get(ph.candidate, 0.0) + ph.cost.run_seconds
         if len(work) > 1:
-            tried = max(work, key=lambda c: (work[c], -c))
-            untrusted = {i for i, n in enumerate(names) if n not in self._trusted and i not in (home, tried)}
-            _log.info("step %d: the plan relied on %d untrusted layouts %s; trying only %s this step",
-                      self.step + 1, len(work), sorted(names[c] for c in work), names[tried])
-            restricted = self._restricted_planner(left_out | untrusted).plan(lengths)
-            if restricted.total_seconds < _NEVER_S:
-                plan = restricted
+            # The one carrying the most work, or the next when the step cannot run without another.
+            for tried in sorted(work, key=lambda c: (-work[c], c)):
+                untrusted = {i for i, n in enumerate(names) if n not in self._trusted and i not in (home, tried)}
+                restricted = self._restricted_planner(left_out | untrusted).plan(lengths)
+                if restricted.total_seconds < _NEVER_S:
+                    _log.info("step %d: the plan relied on %d untrusted layouts %s; trying only %s this step",
+                              self.step + 1, len(work), sorted(names[c] for c in work), names[tried])
+                    plan = restricted
+                    break
         return self._explore(lengths, plan, names, home)
 
     def _explore(self, lengths, plan, names, home):

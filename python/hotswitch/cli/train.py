@@ -156,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "steps (0.25: 25%%; with re-calibration)")
     par.add_argument("--no-trust", dest="trust_error", action="store_const", const=None,
                      help="rely on every layout's prediction from the first step")
-    par.add_argument("--explore", type=float, default=0.5, metavar="FRACTION",
+    par.add_argument("--explore", type=float, default=None, metavar="FRACTION",
                      help="uncertainty of a layout the re-calibrating model has not measured yet: a plan relying on "
                           "it prices it at 1 + FRACTION times its prediction, and a step tries it on a quarter of its "
-                          "tokens when at 1 - FRACTION times it would beat the plan (0.5: 50%%; one a step)")
+                          "tokens when at 1 - FRACTION times it would beat the plan (0.5: 50%%; one a step; default: off)")
     par.add_argument("--no-explore", dest="explore", action="store_const", const=None,
                      help="never try a layout because it has not been measured")
     par.add_argument("--home-window", type=int, default=None, metavar="N",

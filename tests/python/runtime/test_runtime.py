@@ -324,10 +324,6 @@ def test_a_layout_never_measured_is_tried_on_a_share_of_the_step_when_its_optimi
 
 
 def test_no_layout_is_tried_without_optimism_once_measured_or_on_the_first_step():
-    # Optimism 0: a trial is never cheaper than the planner's own plan.
-    state, names, home = _explore_state(measured=["tp2pp2"], explore=0.0)
-    plan = state.planner.plan(LENGTHS)
-    assert hs.Runtime._explore(state, LENGTHS, plan, names, home) is plan
     state, names, home = _explore_state(measured=CANDIDATES, explore=0.9)
     plan = state.planner.plan(LENGTHS)
     assert hs.Runtime._explore(state, LENGTHS, plan, names, home) is plan
