@@ -734,8 +734,8 @@ class Runtime:
         def price(p, c):
             return p.total_seconds - cut * sum(ph.cost.run_seconds for ph in p.phases if ph.candidate == c)
 
-        pieces = [piece.length for piece in self.planner.pieces(lengths)]
-        longest = max(pieces)
+        pieces = sorted(piece.length for piece in self.planner.pieces(lengths))
+        longest, share = pieces[-1], EXPLORE_SHARE * sum(pieces)
         # None: the home cannot run the step's longest pieces; a trial must then hold them all.
         home_mode = next((m for m in self.recompute_modes
                           if self.planner.candidate_model(home, m).budget >= longest), None)
@@ -745,13 +745,13 @@ class Runtime:
             if c in in_plan:
                 continue
             budget, k = max((self.planner.candidate_model(c, m).budget, -k) for k, m in enumerate(self.recompute_modes))
-            held = [n for n in sorted(pieces) if n <= budget]
+            held = [n for n in pieces if n <= budget]
             if not held:
                 continue  # it holds no piece of this step
             # The shortest pieces it holds, up to EXPLORE_SHARE of the step's tokens (one at least).
             bound, tokens = held[0], 0
             for n in held:
-                if tokens >= EXPLORE_SHARE * sum(pieces):
+                if tokens >= share:
                     break
                 bound, tokens = n, tokens + n
             entries = [(bound, c, self.recompute_modes[-k])]
