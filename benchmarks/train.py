@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     a.profile = PROFILE
     runs = {l.name: ["--tensor-model-parallel-size", str(l.tp), "--pipeline-model-parallel-size", str(l.pp)]
             for l in fits}
-    runs["hot"] = ["--hot-switch", "--candidate-layouts", "auto", "--explore", "0.5"]
+    runs["hot"] = ["--hot-switch", "--candidate-layouts", "auto", "--explore", "0.5", "--probe"]
     names = list(runs)
     measured = {n: [] for n in names}
     hot_summaries = []

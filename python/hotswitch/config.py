@@ -136,6 +136,14 @@ class RuntimeConfig:
     ``trust_error``, not under a fixed plan. None (the default for now): only the predictions
     choose; 0.5 is the value measured in ``benchmarks.train``."""
 
+    probe: bool = False
+    """Before the first step, time every candidate layout's forward and backward on a short and
+    a long synthetic sequence (after a run that warms it), refit the cost model to those times,
+    layout factors included, and, unless ``home`` names it, move the home to the layout the
+    fitted model prefers: the first steps are planned with this machine's costs instead of
+    the starting profile's. Costs three forward and backward passes per layout at start-up;
+    needs ``recalibrate``. The weights, optimizer state and data are untouched."""
+
     fixed_plan: Optional[Union[str, Sequence]] = None
     """A hand-written plan that replaces the planner's choice every step: a JSON file or a list
     of ``[upper_bound, layout, recompute]`` entries, bounds increasing
@@ -151,6 +159,9 @@ class RuntimeConfig:
         check_choice("grad_method", self.grad_method, GRAD_METHODS)
         check_bool("zero", self.zero)
         check_bool("recalibrate", self.recalibrate)
+        check_bool("probe", self.probe)
+        if self.probe and not self.recalibrate:
+            raise ValueError("probe=True needs recalibrate=True: the probe's times refit the cost model")
         check_int("seed", self.seed, 0)
         check_int("max_cp", self.max_cp, 1)
         check_choice("recompute", self.recompute, RECOMPUTE_CHOICES)

@@ -55,6 +55,10 @@ _NEVER_S = 1e30  # a switch cost the planner never chooses
 # A layout tried because it was never measured runs at most about this share of the step's
 # tokens (RuntimeConfig.explore): enough for the model to learn it, little to lose if it is slow.
 EXPLORE_SHARE = 0.25
+# The start-up probe's micro-batches (RuntimeConfig.probe): (fraction of the tokens a layout's
+# micro-batch holds, sequences they are cut into). Short and long, whole and cut, they separate
+# the per-token, per-sequence and attention terms.
+PROBE_PACKS = ((0.125, 1), (0.5, 4), (0.5, 1))
 _TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
@@ -194,8 +198,7 @@ class Runtime:
         # The recompute modes the planner may give a phase (RuntimeConfig.recompute).
         self.recompute_modes = ["none", "selective", "full"] if s.recompute == "auto" else [s.recompute]
         n = len(self.candidates)
-        free = Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
-                       recompute=self.recompute_modes)
+        free = self._free_planner()
         longest = max(free.micro_batch_budget(i) for i in range(n))
         if longest < max_context:
             if longest == 0:
@@ -206,7 +209,7 @@ class Runtime:
                     f"under {least.name}, the layout that shards them most; give more memory per rank or more ranks")
             raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
-        self.home = self._home(s.home, free)
+        self.home = self._home(s.home, self._free_planner())
         self._costs = None
         self._plan_cache = _C.PlanCache()
         self._recent = collections.deque(maxlen=max(1, s.home_window))  # the last batches' lengths
@@ -255,6 +258,9 @@ class Runtime:
         self._optimizer_s = 0.0  # the last step's, for the next step's overhead observation
         self.scaler = None if s.loss_scaling is None else GradScaler(s.loss_scaling)
         self.skipped = 0  # steps without an optimizer update: the learning-rate schedule does not count them
+        self._probed = False
+        if s.probe:
+            self._guarded(lambda: self._probe(home_given=s.home is not None), lambda: "the start-up probe")
 
     # ----------------------------------------------------------------------------- set-up
 
@@ -276,6 +282,13 @@ class Runtime:
                 if c.name not in self._measured:
                     scale[c.name] = 1.0 + self.settings.explore
         return scale
+
+    def _free_planner(self) -> Planner:
+        """A planner over the candidates with switches free: what each layout holds and would
+        take alone."""
+        n = len(self.candidates)
+        return Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
+                       recompute=self.recompute_modes)
 
     def _home(self, home, free) -> "_C.Layout":
         names = [l.name for l in self.candidates]
@@ -820,8 +833,9 @@ class Runtime:
     def _observe(self, plan, lengths, times) -> None:
         """Feeds the step's slowest-rank times to the online calibration (from the second step
         on: the first runs each layout cold) and fits the cost model; the fit is agreed on and
-        used at the next step."""
-        if self.calibration is None or self.step < 2:
+        used at the next step. After a start-up probe (``RuntimeConfig.probe``) every layout is
+        warm at the first step, which then counts too."""
+        if self.calibration is None or (self.step < 2 and not self._probed):
             return
         parts = times[2:]
         for k, ph in enumerate(plan.phases):
@@ -833,6 +847,11 @@ class Runtime:
             self.calibration.observe_switch(ph.switch_in_seconds / self._switch_scale, switch_s)
             self.calibration.observe_switch(ph.grad_seconds / self._switch_scale, grad_s)
         self.calibration.observe_overhead(times[0] - sum(parts) + (times[1] if self.step > 2 else 0.0))
+        self._refit(f"after step {self.step}")
+
+    def _refit(self, when: str) -> None:
+        """Fits the cost model to the observations so far; the fit is agreed on and used at the
+        next ``_apply_fit``."""
         fit = self.calibration.fit(self.hardware)
         if fit is None:
             return
@@ -840,8 +859,8 @@ class Runtime:
         self._fit_vector = torch.tensor([d[f] for f in self._FIT_FIELDS] + [fit.switch_scale, fit.overhead_s] +
                                         [fit.layout_scale.get(c.name, 1.0) for c in self.candidates],
                                         dtype=torch.float64)
-        _log.info("re-calibration after step %d: phase time error %.1f%% -> %.1f%% over %d phases; switch scale "
-                  "%.2f, fixed %.3f s per step; layout factors %s", self.step, 100 * fit.error_before,
+        _log.info("re-calibration %s: phase time error %.1f%% -> %.1f%% over %d phases; switch scale "
+                  "%.2f, fixed %.3f s per step; layout factors %s", when, 100 * fit.error_before,
                   100 * fit.error_after, fit.phases, fit.switch_scale, fit.overhead_s,
                   {n: round(k, 3) for n, k in fit.layout_scale.items()})
 
@@ -865,6 +884,69 @@ class Runtime:
         self.planner = self._build_planner()
         self._restricted = {}
         self._fit_vector = None
+
+    def _probe(self, home_given: bool) -> None:
+        """``RuntimeConfig.probe``: before the first step, every candidate that holds a sequence
+        runs forward and backward of synthetic micro-batches: one sequence of each of
+        ``PROBE_FRACTIONS`` of the tokens it holds (at most ``max_context``), ``2 * pp``
+        micro-batches under a pipeline so that its fill shows, after an untimed run that warms
+        it. The slowest rank's times refit the cost model (``OnlineCalibration``, layout
+        factors included), which every rank plans the first step with; unless the home was
+        given, it moves to the layout the fitted model prefers for a ``max_context`` sequence.
+        The master weights, the optimizer and the data are untouched: the probe's gradients
+        are dropped and its tokens come from a generator of its own."""
+        gen = torch.Generator().manual_seed(self.seed)
+        vocab = self.config.vocab_size
+        runs, times = [], []
+        for i, layout in enumerate(self.candidates):
+            budget, k = max((self.planner.candidate_model(i, m).budget, -k) for k, m in enumerate(self.recompute_modes))
+            hold = min(budget, self.max_context)
+            if hold < 16:
+                continue  # it holds no sequence worth timing
+            mode = self.recompute_modes[-k]
+            per = 2 * layout.pp if layout.pp > 1 else 1
+            packs = [[[int(hold * f) // cut] * cut for _ in range(per)] for f, cut in PROBE_PACKS]
+            self._stage = f"start-up probe: switching parameters {self.home.name} -> {layout.name}"
+            params, _ = self._enter(0, layout, None, None)
+            model = self._model(layout, params)
+            model.recompute = mode
+            self._stage = f"start-up probe: forward and backward under {layout.name}"
+            for pack in packs:
+                mbs = [MicroBatch.from_sequences([torch.randint(0, vocab, (n,), generator=gen) for n in micro])
+                       for micro in pack]
+                for timed in (False, True):  # the first run of each shape warms it
+                    model.zero_grad()
+                    t0 = time.perf_counter()
+                    model.forward_backward(mbs, 1.0)
+                    model.finish_gradients()
+                    if timed:
+                        times.append(time.perf_counter() - t0)
+            model.zero_grad()
+            self._release(model)
+            del params
+            self._warm[layout.name] = self._warm.get(layout.name, 0) + 1
+            runs.append((layout, mode, packs))
+        self._stage = "start-up probe: agreeing on the times"
+        measured = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.control)
+        seconds = iter(measured.tolist())
+        report = {}
+        for layout, mode, packs in runs:
+            for pack in packs:
+                t = next(seconds)
+                self.calibration.observe_phase(layout, [pack] * layout.dp, t, mode)
+                report.setdefault(layout.name, []).append(f"{len(pack)}x{pack[0]} tokens {1e3 * t:.1f} ms")
+            self._measured.add(layout.name)
+        _log.info("start-up probe, slowest rank: %s", report)
+        self._refit(f"after the start-up probe ({len(runs)} layouts, {measured.sum().item():.3f} s)")
+        self._apply_fit()
+        self._probed = True
+        if not home_given:
+            best = self._home(None, self._free_planner())
+            if best.name != self.home.name:
+                _log.info("start-up probe: the fitted model prefers the home %s to %s for a %d-token sequence",
+                          best.name, self.home.name, self.max_context)
+                self.move_home(best)
 
     def _grads_home(self, model, layout, ph):
         """This phase's gradients as home-layout tensors (the home placement's shards or ZeRO

@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "tokens when at 1 - FRACTION times it would beat the plan (0.5: 50%%; one a step; default: off)")
     par.add_argument("--no-explore", dest="explore", action="store_const", const=None,
                      help="never try a layout because it has not been measured")
+    par.add_argument("--probe", action="store_true",
+                     help="with --hot-switch, time every candidate layout on two synthetic sequences before the first "
+                          "step and refit the cost model (and choose the home) from those times")
     par.add_argument("--home-window", type=int, default=None, metavar="N",
                      help="with --hot-switch, re-choose the home layout over the last N batches after every step and "
                           "move it (masters and optimizer state) when that saves more than the move costs; 0: the "
@@ -413,7 +416,7 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
         min_gain=args.min_gain, fixed_plan=args.fixed_plan,
         home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
-        trust_error=args.trust_error, explore=args.explore)
+        trust_error=args.trust_error, explore=args.explore, probe=args.probe and args.hot_switch)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

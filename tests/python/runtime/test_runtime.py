@@ -180,6 +180,29 @@ def test_recalibrated_run_plans_alike_on_every_rank_and_equals_single_process(re
     _check_equal((steps, out[0][1]), reference)
 
 
+@pytest.mark.parametrize("zero,home", [(False, None), (True, "tp2pp2")])
+def test_a_start_up_probe_fits_the_model_and_chooses_the_home_and_the_run_equals_single_process(
+        reference, zero, home):
+    out = run_world(4, w.train_probing, CANDIDATES, zero, home, timeout=600)
+    steps, _, _, _, probed_home, preferred, measured, untouched, fitted = out[0]
+    assert all(o[0] == steps and o[4:] == out[0][4:] for o in out), "ranks probed or planned differently"
+    assert untouched, "the probe changed the weights or the optimizer state"
+    # Every candidate holds a sequence of MAX_CONTEXT / 4 tokens or more under BUDGET: each was timed.
+    assert measured == sorted(hs.Layout.parse(n).name for n in CANDIDATES), measured
+    assert dict(fitted) != w.hardware().to_dict(), "the probe's times changed nothing"
+    # A given home stays; otherwise the home is the one the fitted model prefers.
+    assert probed_home == (home or preferred), (probed_home, home, preferred)
+    assert all(o[3] for o in out), "copies of a weight differ between ranks"
+    _check_equal(out[0][:2], reference)
+
+
+@pytest.mark.parametrize("fields,match", [({"probe": True, "recalibrate": False}, "probe=True needs recalibrate"),
+                                          ({"probe": "yes"}, "probe")])
+def test_a_bad_probe_setting_is_refused(fields, match):
+    with pytest.raises(ValueError, match=match):
+        hs.RuntimeConfig(**fields)
+
+
 def _check_steps_equal(steps, weights, reference):
     ref_steps, ref_weights = reference[:2]
     for (loss, layouts, *_, targets), (ref_loss, *_, ref_targets, _) in zip(steps, ref_steps):

@@ -71,6 +71,39 @@ def train_trusting(rank, world, candidates, trust_error, home, steps=STEPS):
     return out, _numpy(weights) if rank == 0 else None
 
 
+def train_probing(rank, world, candidates, zero, home):
+    """A re-calibrating run whose runtime probes every candidate before the first step.
+    Returns (per step (loss, layouts, grad methods, targets, None), the full weights (rank 0),
+    the home after the run, whether every copy of a weight is the same, the home after the
+    probe, the home the fitted model prefers for a max_context sequence, the layouts measured,
+    whether the probe left the weights and the optimizer state alone, the fitted profile)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=True)
+
+    def runtime(probe):
+        return hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(BUDGET), max_context=MAX_CONTEXT,
+                          zero=zero, seed=7, recalibrate=True, probe=probe,
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+
+    before = runtime(False).full_weights()
+    rt = runtime(True)
+    after = rt.full_weights()
+    untouched = before.keys() == after.keys() and all(torch.equal(before[n], after[n]) for n in before) \
+        and not rt.optimizer.state
+    probed_home, preferred = rt.home.name, rt._home(None, rt._free_planner()).name
+    measured, fitted = sorted(rt._measured), sorted(rt.hardware.to_dict().items())
+    out = []
+    for i, lengths in enumerate(STEPS):
+        r = rt.train_step(batch(lengths, i))
+        out.append((r.loss, r.layouts, [p.grad_method for p in r.phases], r.targets, None))
+    weights = rt.full_weights()
+    mine = rt._master_shards()
+    expected = hs.shard_tensors(weights, rt.tensor_set, rt.home, rank, kind="zero" if zero else "sharded")
+    copies_equal = (torch.equal(mine, expected) if zero else
+                    all(torch.equal(mine[n], expected[n]) for n in mine))
+    return (out, _numpy(weights) if rank == 0 else None, rt.home.name, copies_equal, probed_home, preferred,
+            measured, untouched, fitted)
+
+
 def train_fixed(rank, world, candidates, fixed_plan, zero):
     """``train`` under a fixed plan."""
     return train(rank, world, candidates, zero=zero, fixed_plan=fixed_plan)
