@@ -314,6 +314,9 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error("--resume needs --load or --save to name the checkpoint directory")
     if args.save_interval is not None and not args.save:
         parser.error(f"--save-interval {args.save_interval} needs --save")
+    if args.probe and not (args.hot_switch and args.recalibrate):
+        parser.error("--probe needs --hot-switch and re-calibration (without --no-recalibrate): its times refit "
+                     "the cost model the plans use")
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
     if args.max_position_embeddings < args.seq_length:
@@ -416,7 +419,7 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
         min_gain=args.min_gain, fixed_plan=args.fixed_plan,
         home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
-        trust_error=args.trust_error, explore=args.explore, probe=args.probe and args.hot_switch)
+        trust_error=args.trust_error, explore=args.explore, probe=args.probe)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

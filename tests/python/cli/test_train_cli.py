@@ -73,6 +73,8 @@ def test_a_checkpoint_of_one_rank_resumes_on_two(tmp_path, full_run):
     (["--train-iters", "0"], "--train-iters must be >= 1, got 0"),
     (["--resume"], "--resume needs --load or --save"),
     (["--save-interval", "2"], "--save-interval 2 needs --save"),
+    (["--probe"], "--probe needs --hot-switch and re-calibration"),
+    (["--probe", "--hot-switch", "--no-recalibrate"], "--probe needs --hot-switch and re-calibration"),
     (["--tensor-model-parallel-size", "3"], "world(2) is not divisible by tensor(3)"),
     (["--context-parallel-size", "4"], "world(2) is not divisible by tensor(1) * pipeline(1) * context(4)"),
     (["--context-parallel-size", "2", "--hot-switch", "--candidate-layouts", "dp2,tp2"],
