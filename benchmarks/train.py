@@ -11,7 +11,9 @@ so every run sees the same batches:
   the whole run, packed per sequence as hot switching is; the best measured is the baseline
   (``best_static``, ``speedup_vs_best_static``);
 - hot switching: every step planned over all layouts of the world, with online
-  re-calibration of the cost model from the measured times.
+  re-calibration of the cost model from the measured times, after a start-up probe
+  (``--probe``) has timed every layout and refit the model and chosen the home from it (the
+  starting profile, ``examples/cpu_profile.json``, ranks the layouts of this machine wrong).
 
 Runs are repeated (``--repeats``, default 3) and interleaved, each repetition in another
 order; every figure is the median over repetitions. The first --warmup steps of every run
@@ -168,7 +170,9 @@ def main(argv=None) -> int:
         "tokens_per_s_best_static": round(static[best], 1),
         "best_static": best,
         "static_layouts_measured": sorted(static),
+        # The starting profile's pick; the hot runs' home after the start-up probe refit the model.
         "planner_static_pick": planned_best.name,
+        "hot_home": sorted({s["home"] for s in hot_summaries}),
         "static_tokens_per_s": {n: round(v, 1) for n, v in static.items()},
         "hot_layouts": sorted({l for s in hot_summaries for l in s["layouts"]}),
         "world": a.nproc,
