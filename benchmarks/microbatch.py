@@ -20,7 +20,9 @@ micro-batch of the CPU model under bf16 autocast, with the fused steps as CUDA r
 ``kernels_per_layer_unfused`` — the same with the PyTorch path of those steps (the layer
 before they were fused, and the CPU's path); ``kernels_per_layer_of_4`` — with the fused steps,
 per micro-batch of a call of 4 micro-batches (the matrix weights are cast to bf16 once per
-call, not per micro-batch); and ``host_layer_s_16`` — the seconds per layer
+call, not per micro-batch); ``kernels_outside_layers`` (and ``_unfused``) — the kernels per
+micro-batch outside the layers (embedding, final norm, loss head with its cross entropy, fused
+or not); and ``host_layer_s_16`` — the seconds per layer
 of a 16-token micro-batch on the CPU (PyTorch path; only when timing on the CPU). Without
 ``triton`` installed only the unfused count is reported.
 
@@ -101,15 +103,17 @@ def main(argv=None):
     count_config = hs.TransformerConfig(num_layers=max(LAYERS), max_position_embeddings=max(CPU_TOKENS), **CPU_MODEL,
                                         compute_dtype="bfloat16")
     kernels = {"unfused": {}, "fused": {}}
+    outside = {"unfused": {}, "fused": {}}
     paths = ("torch", "triton") if importlib.util.find_spec("triton") is not None else ("torch",)
     for path in paths:
         for tp in (1, 2):
             ops = count_layer_ops(count_config, tp=tp, tokens=16, layer_counts=LAYERS, kernels=path)
             kernels["fused" if path == "triton" else "unfused"][f"tp{tp}"] = ops["kernels"]
-            top = ", ".join(f"{k} {v:g}" for k, v in list(ops.items())[3:9])
+            outside["fused" if path == "triton" else "unfused"][f"tp{tp}"] = ops["kernels_outside_layers"]
+            top = ", ".join(f"{k} {v:g}" for k, v in list(ops.items())[4:10])
             print(f"tp{tp}, {path} steps: {ops['kernels']:g} kernels, {ops['views']:g} views and "
                   f"{ops['allocations']:g} allocations per layer and micro-batch (16 tokens, bf16 autocast, "
-                  f"CPU model), most: {top}")
+                  f"CPU model), {ops['kernels_outside_layers']:g} kernels outside the layers; most: {top}")
     if kernels["fused"]:
         kernels["of_4"] = {}
         for tp in (1, 2):
@@ -135,6 +139,8 @@ def main(argv=None):
         "kernels_per_layer": kernels["fused"] or None,
         "kernels_per_layer_unfused": kernels["unfused"],
         "kernels_per_layer_of_4": kernels.get("of_4"),
+        "kernels_outside_layers": outside["fused"] or None,
+        "kernels_outside_layers_unfused": outside["unfused"],
         "seconds": costs.seconds,
     }
     if costs.device == "cpu" and 16 in costs.token_counts:

@@ -248,8 +248,9 @@ def count_layer_ops(config: TransformerConfig, tp: int = 1, tokens: int = 16,
     ``kernels``: the model's fused steps (``hotswitch.model.fused``); ``"triton"`` runs its
     kernels under Triton's interpreter and counts their launches (names prefixed
     ``triton:``). Returns ``{"kernels": launches per layer, "views": view ops per layer,
-    "allocations": ..., op name: per layer, ...}`` (names with a nonzero count; views
-    prefixed ``view:``, allocations ``alloc:``)."""
+    "allocations": ..., "kernels_outside_layers": launches per micro-batch outside the layers
+    (embedding, final norm, loss head), op name: per layer, ...}`` (names with a nonzero count;
+    views prefixed ``view:``, allocations ``alloc:``)."""
     tp = check_int("tp", tp, 1, 8)
     tokens = check_int("tokens", tokens, 1, config.max_position_embeddings)
     layers = sorted({check_int(f"layer_counts[{i}]", n, 1) for i, n in enumerate(layer_counts)})
@@ -264,9 +265,13 @@ def count_layer_ops(config: TransformerConfig, tp: int = 1, tokens: int = 16,
     low, high = counts[layers[0]], counts[layers[-1]]
     per_layer = {name: (high.get(name, 0) - low.get(name, 0)) / (layers[-1] - layers[0]) / micro_batches
                  for name in set(low) | set(high)}
-    out = {"kernels": sum(v for k, v in per_layer.items() if not k.startswith(("view:", "alloc:"))),
+    def launches(ops):
+        return sum(v for k, v in ops.items() if not k.startswith(("view:", "alloc:")))
+    out = {"kernels": launches(per_layer),
            "views": sum(v for k, v in per_layer.items() if k.startswith("view:")),
            "allocations": sum(v for k, v in per_layer.items() if k.startswith("alloc:"))}
+    # What is not per layer (embedding, final norm, loss head, gradient hooks), per micro-batch.
+    out["kernels_outside_layers"] = launches(low) / micro_batches - layers[0] * out["kernels"]
     out.update(sorted(((k, v) for k, v in per_layer.items() if v), key=lambda kv: -kv[1]))
     return out
 

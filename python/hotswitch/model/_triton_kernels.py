@@ -148,3 +148,45 @@ def swiglu_bwd(GU, G, DGU, n_cols, stride_gu, stride_g, stride_dgu, BLOCK: tl.co
     dgate = dsilu * sig * (1.0 + gate * (1.0 - sig))
     tl.store(DGU + r * stride_dgu + cols, dgate.to(DGU.dtype.element_ty), mask=mask)
     tl.store(DGU + r * stride_dgu + n_cols + cols, (d * silu).to(DGU.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def cross_entropy_fwd(L, TGT, TOP, TOTAL, PICKED, stride_l, n_cols, vocab_start, BLOCK: tl.constexpr):
+    """Row ``r`` of this rank's logits ``[T, V / tp]`` -> its max, the sum of ``exp(logit -
+    max)`` and the target's logit (0 when the target lies in another rank's slice), in two
+    passes over the row."""
+    r = tl.program_id(0).to(tl.int64)
+    row = L + r * stride_l
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        top = tl.maximum(top, x)
+    m = tl.max(top, 0)
+    target = tl.load(TGT + r) - vocab_start
+    total = tl.zeros([BLOCK], tl.float32)
+    picked = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
+        total += tl.where(mask, tl.exp(x - m), 0.0)
+        picked += tl.where(cols == target, x, 0.0)
+    tl.store(TOP + r, m)
+    tl.store(TOTAL + r, tl.sum(total, 0))
+    tl.store(PICKED + r, tl.sum(picked, 0))
+
+
+@triton.jit
+def cross_entropy_bwd(L, TGT, LSE, G, DL, stride_l, stride_dl, n_cols, vocab_start, BLOCK: tl.constexpr):
+    """Row ``r``, column block ``b``: ``(softmax - onehot(target)) * g`` from the logits and
+    the row's log-sum-exp over the whole vocabulary, in the logits' dtype."""
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(L + r * stride_l + cols, mask=mask, other=0.0).to(tl.float32)
+    lse = tl.load(LSE + r)
+    g = tl.load(G + r)
+    target = tl.load(TGT + r) - vocab_start
+    d = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * g
+    tl.store(DL + r * stride_dl + cols, d.to(DL.dtype.element_ty), mask=mask)

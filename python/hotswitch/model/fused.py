@@ -1,6 +1,6 @@
 """The decoder layer's element-wise and row-wise steps, each one kernel per direction.
 
-Four steps around the layer's matrix products:
+Four steps around the layer's matrix products, and the loss:
 
 - ``norm``: RMSNorm of ``x`` ``[T, h]`` over the last dim, in fp32, written in the compute
   dtype (the input of the next matrix product);
@@ -8,7 +8,10 @@ Four steps around the layer's matrix products:
   and its RMSNorm, both written;
 - ``rotary_qkv``: the fused QKV product's output ``[T, (hq + 2 hkv) d]`` -> rotated ``q``
   ``[T, hq, d]`` and ``k`` ``[T, hkv, d]``, and ``v`` ``[T, hkv, d]``;
-- ``swiglu``: ``silu(gate) * up`` of the fused gate/up product ``[T, 2F]`` -> ``[T, F]``.
+- ``swiglu``: ``silu(gate) * up`` of the fused gate/up product ``[T, 2F]`` -> ``[T, F]``;
+- ``cross_entropy``: the loss head's vocabulary-parallel cross entropy (two kernels forward,
+  around its TP reductions, and one backward that recomputes the softmax instead of keeping
+  it).
 
 Two implementations share one contract, chosen per model (``KERNELS``):
 
@@ -33,9 +36,12 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from hotswitch.model.layers import apply_rotary, rms_norm
+import torch.distributed as dist
 
-__all__ = ["KERNELS", "LAUNCHES", "select_fused", "norm", "add_norm", "rotary_qkv", "swiglu"]
+from hotswitch.model.comm import all_reduce
+from hotswitch.model.layers import apply_rotary, rms_norm, vocab_parallel_cross_entropy
+
+__all__ = ["KERNELS", "LAUNCHES", "select_fused", "norm", "add_norm", "rotary_qkv", "swiglu", "cross_entropy"]
 
 KERNELS = ("torch", "triton")
 
@@ -223,6 +229,59 @@ class _SwiGLU(torch.autograd.Function):
             _launch("swiglu_bwd", (rows, -(-f // block)), gu, g2, dgu, f, gu.stride(0), g2.stride(0),
                     dgu.stride(0), BLOCK=block)
         return dgu.view(ctx.shape)
+
+
+_CE_BLOCK = 1024
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """``vocab_parallel_cross_entropy`` in two kernels forward (the rows' statistics, before
+    the TP reductions) and one backward, which recomputes the softmax from the logits and
+    their log-sum-exp: nothing of shape ``[T, V / tp]`` is kept in fp32 between the two."""
+
+    @staticmethod
+    def forward(ctx, logits, target, vocab_start, group):
+        lg = _rows(logits)
+        rows, n = lg.shape
+        target = target.reshape(-1).to(torch.int64).contiguous()
+        stats = torch.empty((3, rows), dtype=torch.float32, device=lg.device)
+        block = min(_CE_BLOCK, _block(n))
+        if rows and n:
+            _launch("cross_entropy_fwd", (rows,), lg, target, stats[0], stats[1], stats[2], lg.stride(0), n,
+                    vocab_start, BLOCK=block)
+        top, total, picked = stats
+        if group is not None:
+            # Two reductions over the TP group: the max, then the rescaled sums and the target's
+            # logit (0 on every rank but the one whose slice holds it) together.
+            m = all_reduce(top.clone(), group, dist.ReduceOp.MAX)
+            sums = all_reduce(torch.stack([total * torch.exp(top - m), picked]), group)
+            top, total, picked = m, sums[0], sums[1]
+        lse = top + total.log()
+        ctx.save_for_backward(lg, target, lse)
+        ctx.vocab_start, ctx.shape = vocab_start, logits.shape
+        return lse - picked
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        lg, target, lse = ctx.saved_tensors
+        rows, n = lg.shape
+        g = grad_loss.reshape(-1).float().contiguous()
+        dl = torch.empty_like(lg)
+        block = min(_CE_BLOCK, _block(n))
+        if rows and n:
+            _launch("cross_entropy_bwd", (rows, -(-n // block)), lg, target, lse, g, dl, lg.stride(0), dl.stride(0),
+                    n, ctx.vocab_start, BLOCK=block)
+        return dl.view(ctx.shape), None, None, None
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: int, group,
+                  kernels: str = "torch") -> torch.Tensor:
+    """Per-token cross entropy ``[T]`` (float32) of this rank's logit slice ``[T, V / tp]``
+    against ``target`` ``[T]``: ``hotswitch.model.layers.vocab_parallel_cross_entropy``'s
+    contract, with ``"triton"`` its two kernels forward and one backward."""
+    if kernels == "triton":
+        return _CrossEntropy.apply(logits, target, vocab_start, group)
+    return vocab_parallel_cross_entropy(logits, target, vocab_start, group)
 
 
 def norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype, kernels: str = "torch") -> torch.Tensor:

@@ -20,9 +20,8 @@ from hotswitch.model.config import TransformerConfig
 from hotswitch.model.context import ContextAttention, ContextSplit
 from hotswitch.model.groups import ParallelGroups
 from hotswitch.model.init import init_shards
-from hotswitch.model.fused import add_norm, norm, rotary_qkv, select_fused, swiglu
-from hotswitch.model.layers import (Shard, rms_norm, rotary_tables,
-                                    vocab_parallel_cross_entropy, vocab_parallel_embedding)
+from hotswitch.model.fused import add_norm, cross_entropy, norm, rotary_qkv, select_fused, swiglu
+from hotswitch.model.layers import Shard, rms_norm, rotary_tables, vocab_parallel_embedding
 from hotswitch.model.pipeline import StageFunctions, run_1f1b
 
 __all__ = ["RECOMPUTE_GRANULARITIES", "ParallelTransformer", "TransformerLayer", "PackContext"]
@@ -398,7 +397,7 @@ class ParallelTransformer(nn.Module):
         h = self._region.gather(rms_norm(x, self.final_norm.weight, cfg.norm_eps))
         head = self._head_copy if self._head_copy is not None else \
             self.embedding.weight if cfg.tied_embedding else self.head.weight
-        losses = vocab_parallel_cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group)
+        losses = cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group, self.kernels)
         return (losses * ctx.weights).sum()
 
     def _make_compute_copies(self, grad: bool) -> None:

@@ -46,7 +46,8 @@ def test_each_triton_step_matches_the_torch_path(interpreted, dtype, t):
 def test_triton_steps_launch_one_kernel_per_step_and_direction(interpreted):
     launched = run_world(1, w.fused_launches, timeout=120)[0]
     assert launched == {"torch": {}, "triton": {"norm_fwd": 2, "norm_bwd": 2, "rotary_fwd": 1, "rotary_bwd": 1,
-                                                "swiglu_fwd": 1, "swiglu_bwd": 1}}
+                                                "swiglu_fwd": 1, "swiglu_bwd": 1, "cross_entropy_fwd": 2,
+                                                "cross_entropy_bwd": 2}}
 
 
 @pytest.mark.parametrize("layout,compute_dtype", [("dp1", None), ("tp2", None), ("tp2", "bfloat16")])
@@ -78,6 +79,10 @@ def test_the_counted_layer_runs_fused_kernels_instead_of_decomposed_steps():
         assert decomposed in unfused and decomposed not in ops, decomposed
     # Both counts see the same matrix products: only the fused steps differ.
     assert ops["aten.mm"] == unfused["aten.mm"] == 12
+    # Outside the layers the loss head's cross entropy is two kernels forward and one backward
+    # instead of its decomposition (max, exp, sum, log, gather, ...).
+    assert unfused["kernels_outside_layers"] - ops["kernels_outside_layers"] >= 8, \
+        (unfused["kernels_outside_layers"], ops["kernels_outside_layers"])
 
 
 def test_bad_kernel_names_and_places_are_refused(monkeypatch):

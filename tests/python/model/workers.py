@@ -193,18 +193,18 @@ def against_llama_reference(rank, world, tied, step_lengths, dtype_name):
     model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5)
     micro_batches = batches(seed=99, step_lengths=[step_lengths])[0]
     captured = []
-    original = transformer.vocab_parallel_cross_entropy
+    original = transformer.cross_entropy
 
-    def capture(logits, target, vocab_start, group):
+    def capture(logits, target, vocab_start, group, kernels="torch"):
         captured.append(logits.detach().clone())
-        return original(logits, target, vocab_start, group)
+        return original(logits, target, vocab_start, group, kernels)
 
-    transformer.vocab_parallel_cross_entropy = capture
+    transformer.cross_entropy = capture
     try:
         targets = hs.count_targets(micro_batches)
         loss_sum, _ = model.forward_backward(micro_batches, 1.0 / targets)
     finally:
-        transformer.vocab_parallel_cross_entropy = original
+        transformer.cross_entropy = original
     grads = model.grad_shards()
     assert len(captured) == len(micro_batches), (len(captured), len(micro_batches))
     sequences, ours = [], []
@@ -259,17 +259,24 @@ def fused_steps_on(device, kernels, dtype, t, seed=0):
     x, delta, weight = rand(t, h), rand(t, h, dt=dtype), rand(h)
     qkv, cos, sin = rand(t, (hq + 2 * hkv) * d, dt=dtype), rand(t, d // 2).detach(), rand(t, d // 2).detach()
     gate_up = rand(t, 2 * f, dt=dtype)
+    # The loss head's logits: a vocabulary of 37 whole, and a strided slice [10, 31) of it with
+    # targets inside (targets in other TP ranks' slices: the tp2 model's parity).
+    logits, target = rand(t, 37, dt=dtype), torch.randint(0, 37, (t,), generator=gen).to(device)
+    ce = fused.cross_entropy(logits, target, 0, None, kernels)
+    ce_slice = fused.cross_entropy(logits[:, 10:31], 10 + target % 21, 10, None, kernels)
     xn, y = fused.add_norm(x, delta, weight, 1e-5, dtype, kernels)
     y2 = fused.norm(xn, weight, 1e-5, dtype, kernels)
     q, k, v = fused.rotary_qkv(qkv, cos, sin, hq, hkv, kernels)
     a = fused.swiglu(gate_up, kernels)
     ramp = torch.linspace(-1, 1, h, device=device)
     loss = (xn * ramp).sum() + (y.float() ** 2).sum() + (y2.float() * 3).sum() + (q.float() ** 2).sum() + \
-        (k.float() * ramp[:d]).sum() + (v.float() ** 3).sum() + (a.float() ** 2).sum()
+        (k.float() * ramp[:d]).sum() + (v.float() ** 3).sum() + (a.float() ** 2).sum() + \
+        (ce * torch.linspace(0.5, 1.5, t, device=device)).sum() + (ce_slice ** 2).sum()
     loss.backward()
-    outs = {"x_new": xn, "norm": y, "norm2": y2, "q": q, "k": k, "v": v, "swiglu": a}
+    outs = {"x_new": xn, "norm": y, "norm2": y2, "q": q, "k": k, "v": v, "swiglu": a, "cross_entropy": ce,
+            "cross_entropy_slice": ce_slice}
     grads = {"d_x": x.grad, "d_delta": delta.grad, "d_weight": weight.grad, "d_qkv": qkv.grad,
-             "d_gate_up": gate_up.grad}
+             "d_gate_up": gate_up.grad, "d_logits": logits.grad}
     return ({name: t.detach().float().cpu().numpy() for name, t in {**outs, **grads}.items()},
             dict(fused.LAUNCHES - before))
 
