@@ -136,6 +136,15 @@ class RuntimeConfig:
     ``trust_error``, not under a fixed plan. None (the default for now): only the predictions
     choose; 0.5 is the value measured in ``benchmarks.train``."""
 
+    switch_compute_dtype: bool = True
+    """Under a ``compute_dtype`` narrower than the master weights (bf16 compute, fp32
+    masters), a phase's parameters travel between layouts in the compute dtype wherever the
+    model uses them only in it (the layers' four matrices and an untied head), widened again
+    on arrival: about half the bytes of every parameter switch, and the same results bit for
+    bit (the model's compute copy of such a weight is the same bf16 value either way).
+    Gradients, masters and optimizer state move at full width. Not under ``zero`` (the
+    masters are one flat buffer there). False: parameters travel at the masters' width."""
+
     probe: bool = False
     """Before the first step, time every candidate layout's forward and backward on a short and
     a long synthetic sequence (after a run that warms it), refit the cost model to those times,
@@ -160,6 +169,7 @@ class RuntimeConfig:
         check_bool("zero", self.zero)
         check_bool("recalibrate", self.recalibrate)
         check_bool("probe", self.probe)
+        check_bool("switch_compute_dtype", self.switch_compute_dtype)
         if self.probe and not self.recalibrate:
             raise ValueError("probe=True needs recalibrate=True: the probe's times refit the cost model")
         check_int("seed", self.seed, 0)

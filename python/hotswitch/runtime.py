@@ -176,6 +176,13 @@ class Runtime:
             raise ValueError(f"topology must be a hotswitch.Topology of world {self.world}, got {self.topology!r}")
         self.config = config
         self.tensor_set = config.tensor_set()
+        # What a phase's parameters travel as: the matrices the model computes with only in
+        # compute_dtype (RuntimeConfig.switch_compute_dtype) in that dtype, the rest as masters.
+        self.param_set = self.tensor_set
+        if s.switch_compute_dtype and not s.zero and config.compute_dtype not in (None, config.dtype):
+            self.param_set = config.tensor_set(compute_matrices=True)
+        self._compute_names = {spec.name for spec, full in zip(self.param_set.specs, self.tensor_set.specs)
+                               if spec.dtype != full.dtype}
         self.max_context = max_context
         self.hooks = Hooks()
         self._stage = ""
@@ -306,7 +313,7 @@ class Runtime:
         first or as partial summands."""
         if home is None:
             home = [l.name for l in self.candidates].index(self.home.name)
-        return tensor_switch_costs(self.tensor_set, self.tensor_set, self.hardware, self.topology, self.candidates,
+        return tensor_switch_costs(self.param_set, self.tensor_set, self.hardware, self.topology, self.candidates,
                                    home, home_placement=self.home_placement, method="plans",
                                    params_switch=params_switch, cache=self._plan_cache)
 
@@ -416,16 +423,32 @@ class Runtime:
             model.load_shards(shards)
         return model
 
-    def _switch(self, shards, src, dst, src_kind="sharded", dst_kind="sharded", donate=False):
+    def _switch(self, shards, src, dst, src_kind="sharded", dst_kind="sharded", donate=False, tensor_set=None):
         try:
-            return self._switch_raw(shards, src, dst, src_kind, dst_kind, donate)
+            return self._switch_raw(shards, src, dst, src_kind, dst_kind, donate, tensor_set or self.tensor_set)
         except _C.SwitchFault as e:
             raise type(e)(f"rank {self.rank}, step {self.step + 1}, {self._stage}: {e}") from e
 
-    def _switch_raw(self, shards, src, dst, src_kind, dst_kind, donate):
+    def _switch_raw(self, shards, src, dst, src_kind, dst_kind, donate, tensor_set):
         self.hooks.fire("switch")
-        return switch(shards, self.tensor_set, src, dst, src_kind=src_kind, dst_kind=dst_kind,
+        return switch(shards, tensor_set, src, dst, src_kind=src_kind, dst_kind=dst_kind,
                          group=self.group, topology=self.topology, timeout=self.timeout, donate=donate)
+
+    def _switch_params(self, shards, src, dst, src_kind="sharded", donate=False):
+        """A phase's parameters from ``src`` into ``dst``. The matrices the model uses only in
+        its compute dtype travel in it (``param_set``) and arrive widened to the masters'
+        dtype: the model's compute copy of such a weight rounds the widened value to exactly
+        the bits it would have rounded the master to, so the phase computes bit for bit as
+        with full-width parameters, on about half the bytes."""
+        if not self._compute_names:
+            return self._switch(shards, src, dst, src_kind=src_kind, donate=donate)
+        narrow_dtype = getattr(torch, self.config.compute_dtype)
+        narrow = {n: t.detach().to(narrow_dtype) if n in self._compute_names else t for n, t in shards.items()}
+        del shards
+        r = self._switch(narrow, src, dst, src_kind=src_kind, donate=donate, tensor_set=self.param_set)
+        wide = getattr(torch, self.config.dtype)
+        r.shards = {n: t.to(wide) if n in self._compute_names else t for n, t in r.shards.items()}
+        return r
 
     def _master_shards(self):
         if self.zero:
@@ -622,9 +645,9 @@ class Runtime:
         if layout.name == self.home.name and not self.zero:
             return {n: t.clone() for n, t in self._master_shards().items()}, 0
         if current is None:
-            r = self._switch(self._master_shards(), self.home, layout, src_kind=self.home_placement)
+            r = self._switch_params(self._master_shards(), self.home, layout, src_kind=self.home_placement)
         else:
-            r = self._switch(current, current_layout, layout, donate=True)
+            r = self._switch_params(current, current_layout, layout, donate=True)
         return r.shards, r.stats["bytes_moved"]
 
     def evaluate(self, sequences: Sequence[Sequence[int]]) -> float:

@@ -1,6 +1,6 @@
 """Tensor sets of common models, and local shards cut from full tensors."""
 
-from typing import Dict, Union
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -18,6 +18,7 @@ def llama_tensor_set(
     vocab_size: int = 32000,
     tied_embedding: bool = False,
     dtype: str = "bfloat16",
+    matrix_dtype: Optional[str] = None,
 ) -> "_C.TensorSet":
     """The parameters of a LLaMA-style decoder with Megatron's sharding rules.
 
@@ -25,7 +26,11 @@ def llama_tensor_set(
     (fused column groups q, k, v), attention projection (row), post-attention norm, fused
     gate/up ``[2 * ffn, hidden]`` (fused column), down projection (row). Then final norm and
     head (vocab-split), or a tied embedding held by the first and last stages. Defaults: 7B.
+    ``matrix_dtype``: the dtype of the layers' four matrices and an untied head, where it
+    differs from ``dtype`` (default ``dtype``): the tensors a model computing in that dtype
+    uses only in it.
     """
+    matrix = matrix_dtype or dtype
     if num_attention_heads <= 0 or hidden_size % num_attention_heads:
         raise ValueError(f"hidden_size({hidden_size}) must be a positive multiple of "
                          f"num_attention_heads({num_attention_heads})")
@@ -41,17 +46,17 @@ def llama_tensor_set(
         p = f"layers.{layer}."
         specs += [
             P(p + "input_norm.weight", [hidden_size], dtype, "replicated", layer=layer),
-            P(p + "qkv.weight", [q + 2 * kv, hidden_size], dtype, "fused_column", groups=[q, kv, kv],
+            P(p + "qkv.weight", [q + 2 * kv, hidden_size], matrix, "fused_column", groups=[q, kv, kv],
               layer=layer),
-            P(p + "proj.weight", [hidden_size, hidden_size], dtype, "row", layer=layer),
+            P(p + "proj.weight", [hidden_size, hidden_size], matrix, "row", layer=layer),
             P(p + "post_norm.weight", [hidden_size], dtype, "replicated", layer=layer),
-            P(p + "gate_up.weight", [2 * ffn_hidden_size, hidden_size], dtype, "fused_column",
+            P(p + "gate_up.weight", [2 * ffn_hidden_size, hidden_size], matrix, "fused_column",
               groups=[ffn_hidden_size, ffn_hidden_size], layer=layer),
-            P(p + "down.weight", [hidden_size, ffn_hidden_size], dtype, "row", layer=layer),
+            P(p + "down.weight", [hidden_size, ffn_hidden_size], matrix, "row", layer=layer),
         ]
     specs.append(P("final_norm.weight", [hidden_size], dtype, "replicated", stage="last"))
     if not tied_embedding:
-        specs.append(P("head.weight", [vocab_size, hidden_size], dtype, "vocab", stage="last"))
+        specs.append(P("head.weight", [vocab_size, hidden_size], matrix, "vocab", stage="last"))
     return _C.TensorSet(specs, num_layers)
 
 

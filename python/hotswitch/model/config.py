@@ -122,14 +122,17 @@ class TransformerConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def tensor_set(self) -> "_C.TensorSet":
+    def tensor_set(self, compute_matrices: bool = False) -> "_C.TensorSet":
         """The parameters with their full shapes and sharding rules: ``hs.llama_tensor_set``
-        of this config, the names the redistribution engine switches."""
+        of this config, the names the redistribution engine switches. ``compute_matrices``:
+        the layers' matrices and an untied head in ``compute_dtype`` (when set), the dtype
+        the model computes with them in: what a phase's parameters need to travel as."""
         return llama_tensor_set(
             num_layers=self.num_layers, hidden_size=self.hidden_size,
             ffn_hidden_size=self.ffn_hidden_size, num_attention_heads=self.num_attention_heads,
             num_query_groups=self.num_query_groups, vocab_size=self.vocab_size,
-            tied_embedding=self.tied_embedding, dtype=self.dtype)
+            tied_embedding=self.tied_embedding, dtype=self.dtype,
+            matrix_dtype=self.compute_dtype if compute_matrices else None)
 
     def cost_config(self, recompute: str = "none") -> "_C.ModelConfig":
         """This model for the cost model (``hs.ModelConfig``); ``recompute`` (``"none"``,

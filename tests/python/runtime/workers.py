@@ -104,6 +104,26 @@ def train_probing(rank, world, candidates, zero, home):
             measured, untouched, fitted)
 
 
+def train_bf16_switching(rank, world, candidates, fixed_plan, home, tied):
+    """Two bf16-compute runs of STEPS under one fixed plan from ``home``: the parameters
+    switched in the compute dtype, then at full width. Per run: per step (loss, layouts,
+    parameter bytes switched, gradient bytes switched), and the full weights (rank 0)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=tied, compute_dtype="bfloat16")
+    out = {}
+    for narrow in (True, False):
+        rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(BUDGET), max_context=MAX_CONTEXT,
+                        seed=7, recalibrate=False, fixed_plan=fixed_plan, switch_compute_dtype=narrow,
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+        steps = []
+        for i, lengths in enumerate(STEPS):
+            r = rt.train_step(batch(lengths, i))
+            steps.append((r.loss, r.layouts, sum(p.switch_bytes for p in r.phases),
+                          sum(p.grad_bytes for p in r.phases)))
+        weights = rt.full_weights()
+        out[narrow] = (steps, _numpy(weights) if rank == 0 else None)
+    return out
+
+
 def train_fixed(rank, world, candidates, fixed_plan, zero):
     """``train`` under a fixed plan."""
     return train(rank, world, candidates, zero=zero, fixed_plan=fixed_plan)
