@@ -21,7 +21,7 @@ from hotswitch.model.context import ContextAttention, ContextSplit
 from hotswitch.model.groups import ParallelGroups
 from hotswitch.model.init import init_shards
 from hotswitch.model.fused import add_norm, cross_entropy, norm, rotary_qkv, select_fused, swiglu
-from hotswitch.model.layers import Shard, rms_norm, rotary_tables, vocab_parallel_embedding
+from hotswitch.model.layers import Shard, rotary_tables, vocab_parallel_embedding
 from hotswitch.model.pipeline import StageFunctions, run_1f1b
 
 __all__ = ["RECOMPUTE_GRANULARITIES", "ParallelTransformer", "TransformerLayer", "PackContext"]
@@ -394,7 +394,7 @@ class ParallelTransformer(nn.Module):
             x = self._run_layers([self.layers[str(i)] for i in self.layer_ids], x, ctx)
         if not g.is_last_stage:
             return x
-        h = self._region.gather(rms_norm(x, self.final_norm.weight, cfg.norm_eps))
+        h = self._region.gather(norm(x, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels))
         head = self._head_copy if self._head_copy is not None else \
             self.embedding.weight if cfg.tied_embedding else self.head.weight
         losses = cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group, self.kernels)
