@@ -162,9 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "tokens when at 1 - FRACTION times it would beat the plan (0.5: 50%%; one a step; default: off)")
     par.add_argument("--no-explore", dest="explore", action="store_const", const=None,
                      help="never try a layout because it has not been measured")
-    par.add_argument("--probe", action="store_true",
-                     help="with --hot-switch, time every candidate layout on two synthetic sequences before the first "
-                          "step and refit the cost model (and choose the home) from those times")
+    par.add_argument("--probe", action="store_true", default=None,
+                     help="time every candidate layout on short and long synthetic sequences before the first step, "
+                          "refit the cost model and choose the home from those times (default: on with --hot-switch "
+                          "and re-calibration, without --fixed-plan)")
+    par.add_argument("--no-probe", dest="probe", action="store_false",
+                     help="plan the first steps with --hardware's costs as given")
     par.add_argument("--home-window", type=int, default=None, metavar="N",
                      help="with --hot-switch, re-choose the home layout over the last N batches after every step and "
                           "move it (masters and optimizer state) when that saves more than the move costs; 0: the "
@@ -314,7 +317,9 @@ def parse_args(argv: Optional[List[str]] = None, world: Optional[int] = None) ->
         parser.error("--resume needs --load or --save to name the checkpoint directory")
     if args.save_interval is not None and not args.save:
         parser.error(f"--save-interval {args.save_interval} needs --save")
-    if args.probe and not (args.hot_switch and args.recalibrate):
+    if args.probe is None:
+        args.probe = bool(args.hot_switch and args.recalibrate and not args.fixed_plan)
+    elif args.probe and not (args.hot_switch and args.recalibrate):
         parser.error("--probe needs --hot-switch and re-calibration (without --no-recalibrate): its times refit "
                      "the cost model the plans use")
     if args.max_position_embeddings is None:

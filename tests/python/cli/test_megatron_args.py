@@ -18,7 +18,7 @@ def parse_args(argv, *rest, **kw):
 # hotswitch.train's options that are not Megatron-LM's.
 OWN = {"--help", "--global-batch-tokens", "--hot-switch", "--candidate-layouts", "--home-layout",
        "--memory-budget-gb", "--hardware", "--micro-batch-overhead", "--min-gain", "--fixed-plan", "--home-window", "--trust-error", "--no-trust", "--explore",
-       "--no-explore", "--timeout", "--dry-run", "--dry-run-gpus",
+       "--no-explore", "--probe", "--no-probe", "--timeout", "--dry-run", "--dry-run-gpus",
        "--dry-run-gpus-per-node", "--dry-run-steps", "--global-batch-documents", "--no-recalibrate",
        "--document-unit", "--long-sequences", "--max-files", "--resume", "--no-progress", "--summary-json",
        "--metrics-file"}

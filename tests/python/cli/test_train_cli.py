@@ -176,6 +176,22 @@ def test_when_the_overhead_is_measured(args, measures):
     assert cli.measure_overhead(cli.build_parser().parse_args(args)) is measures
 
 
+@pytest.mark.parametrize("args,probes", [
+    (["--hot-switch"], True),  # re-calibrating plans start from this machine's times
+    (["--hot-switch", "--no-probe"], False),
+    (["--hot-switch", "--no-recalibrate"], False),  # reproducible plans: nothing measured
+    (["--hot-switch", "--fixed-plan", "plan.json"], False),  # the plan is given
+    ([], False),  # one static layout
+])
+def test_when_the_layouts_are_probed_before_the_first_step(args, probes):
+    from hotswitch.cli import train as cli
+
+    parsed = cli.parse_args(["--lr", "1e-3", *args])
+    assert parsed.probe is probes
+    if "--fixed-plan" not in args:  # (its file is read when the settings are built)
+        assert cli.runtime_config(parsed, 2).probe is probes
+
+
 def test_tensorboard_scalars_carry_megatron_names_and_the_logged_values(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     board, metrics = str(tmp_path / "tb"), str(tmp_path / "metrics.jsonl")
