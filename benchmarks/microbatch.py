@@ -20,7 +20,7 @@ micro-batch of the CPU model under bf16 autocast, with the fused steps as CUDA r
 ``kernels_per_layer_unfused`` — the same with the PyTorch path of those steps (the layer
 before they were fused, and the CPU's path); ``kernels_per_layer_of_4`` — with the fused steps,
 per micro-batch of a call of 4 micro-batches (the matrix weights are cast to bf16 once per
-call, not per micro-batch); ``kernels_outside_layers`` (and ``_unfused``) — the kernels per
+call, not per micro-batch; not under ``--quick``); ``kernels_outside_layers`` (and ``_unfused``) — the kernels per
 micro-batch outside the layers (embedding, final norm, loss head with its cross entropy, fused
 or not); and ``host_layer_s_16`` — the seconds per layer
 of a 16-token micro-batch on the CPU (PyTorch path; only when timing on the CPU). Without
@@ -114,7 +114,7 @@ def main(argv=None):
             print(f"tp{tp}, {path} steps: {ops['kernels']:g} kernels, {ops['views']:g} views and "
                   f"{ops['allocations']:g} allocations per layer and micro-batch (16 tokens, bf16 autocast, "
                   f"CPU model), {ops['kernels_outside_layers']:g} kernels outside the layers; most: {top}")
-    if kernels["fused"]:
+    if kernels["fused"] and not args.quick:  # (two more interpreted runs: not under --quick)
         kernels["of_4"] = {}
         for tp in (1, 2):
             ops = count_layer_ops(count_config, tp=tp, tokens=16, layer_counts=LAYERS, kernels="triton",
