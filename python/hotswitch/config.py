@@ -146,12 +146,13 @@ class RuntimeConfig:
     masters are one flat buffer there). False: parameters travel at the masters' width."""
 
     probe: bool = False
-    """Before the first step, time every candidate layout's forward and backward on a short and
-    a long synthetic sequence (after a run that warms it), refit the cost model to those times,
-    layout factors included, and, unless ``home`` names it, move the home to the layout the
-    fitted model prefers: the first steps are planned with this machine's costs instead of
-    the starting profile's. Costs three forward and backward passes per layout at start-up;
-    needs ``recalibrate``. The weights, optimizer state and data are untouched."""
+    """Before the first step, time every candidate layout's forward and backward on synthetic
+    micro-batches (a short sequence, a long one and the long one's tokens cut into four, each
+    after a run of the same shape that warms it), refit the cost model to those times, layout
+    factors included, and, unless ``home`` names it, move the home to the layout the fitted
+    model prefers: the first steps are planned with this machine's costs instead of the
+    starting profile's. Costs six forward and backward passes per layout at start-up; needs
+    ``recalibrate``. The weights, optimizer state and data are untouched."""
 
     fixed_plan: Optional[Union[str, Sequence]] = None
     """A hand-written plan that replaces the planner's choice every step: a JSON file or a list

@@ -216,7 +216,7 @@ class Runtime:
                     f"under {least.name}, the layout that shards them most; give more memory per rank or more ranks")
             raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
-        self.home = self._home(s.home, self._free_planner())
+        self.home = self._home(s.home, free)
         self._costs = None
         self._plan_cache = _C.PlanCache()
         self._recent = collections.deque(maxlen=max(1, s.home_window))  # the last batches' lengths
@@ -910,14 +910,15 @@ class Runtime:
 
     def _probe(self, home_given: bool) -> None:
         """``RuntimeConfig.probe``: before the first step, every candidate that holds a sequence
-        runs forward and backward of synthetic micro-batches: one sequence of each of
-        ``PROBE_FRACTIONS`` of the tokens it holds (at most ``max_context``), ``2 * pp``
-        micro-batches under a pipeline so that its fill shows, after an untimed run that warms
-        it. The slowest rank's times refit the cost model (``OnlineCalibration``, layout
-        factors included), which every rank plans the first step with; unless the home was
-        given, it moves to the layout the fitted model prefers for a ``max_context`` sequence.
-        The master weights, the optimizer and the data are untouched: the probe's gradients
-        are dropped and its tokens come from a generator of its own."""
+        runs forward and backward of synthetic micro-batches, one per entry of ``PROBE_PACKS``
+        (a fraction of the tokens its micro-batch holds, at most ``max_context``, cut into so
+        many sequences; ``2 * pp`` such micro-batches under a pipeline, so that its fill shows),
+        each timed after an untimed run of the same shape. The slowest rank's times refit the
+        cost model (``OnlineCalibration``, layout factors included), which every rank plans
+        the first step with; unless the home was given, it moves to the layout the fitted model
+        prefers for a ``max_context`` sequence. The master weights, the optimizer and the data
+        are untouched: the probe's gradients are dropped and its tokens come from a generator
+        of its own."""
         gen = torch.Generator().manual_seed(self.seed)
         vocab = self.config.vocab_size
         runs, times = [], []

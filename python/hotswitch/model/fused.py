@@ -9,9 +9,9 @@ Four steps around the layer's matrix products, and the loss:
 - ``rotary_qkv``: the fused QKV product's output ``[T, (hq + 2 hkv) d]`` -> rotated ``q``
   ``[T, hq, d]`` and ``k`` ``[T, hkv, d]``, and ``v`` ``[T, hkv, d]``;
 - ``swiglu``: ``silu(gate) * up`` of the fused gate/up product ``[T, 2F]`` -> ``[T, F]``;
-- ``cross_entropy``: the loss head's vocabulary-parallel cross entropy (two kernels forward,
-  around its TP reductions, and one backward that recomputes the softmax instead of keeping
-  it).
+- ``cross_entropy``: the loss head's vocabulary-parallel cross entropy: one kernel forward
+  (each row's max, sum of exponentials and target logit, which the TP reductions combine) and
+  one backward that recomputes the softmax instead of keeping it.
 
 Two implementations share one contract, chosen per model (``KERNELS``):
 
@@ -34,9 +34,8 @@ import os
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
-
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from hotswitch.model.comm import all_reduce
 from hotswitch.model.layers import apply_rotary, rms_norm, vocab_parallel_cross_entropy
@@ -235,9 +234,10 @@ _CE_BLOCK = 1024
 
 
 class _CrossEntropy(torch.autograd.Function):
-    """``vocab_parallel_cross_entropy`` in two kernels forward (the rows' statistics, before
-    the TP reductions) and one backward, which recomputes the softmax from the logits and
-    their log-sum-exp: nothing of shape ``[T, V / tp]`` is kept in fp32 between the two."""
+    """``vocab_parallel_cross_entropy`` in one kernel forward (the rows' statistics; a few
+    ``[T]``-sized operations combine them over the TP group) and one backward, which
+    recomputes the softmax from the logits and their log-sum-exp: nothing of shape
+    ``[T, V / tp]`` is kept in fp32 between the two."""
 
     @staticmethod
     def forward(ctx, logits, target, vocab_start, group):
@@ -278,7 +278,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: int, 
                   kernels: str = "torch") -> torch.Tensor:
     """Per-token cross entropy ``[T]`` (float32) of this rank's logit slice ``[T, V / tp]``
     against ``target`` ``[T]``: ``hotswitch.model.layers.vocab_parallel_cross_entropy``'s
-    contract, with ``"triton"`` its two kernels forward and one backward."""
+    contract, with ``"triton"`` one kernel forward and one backward."""
     if kernels == "triton":
         return _CrossEntropy.apply(logits, target, vocab_start, group)
     return vocab_parallel_cross_entropy(logits, target, vocab_start, group)
