@@ -113,6 +113,13 @@ class StepResult:
         return [p.layout for p in self.phases]
 
 
+def _largest_budget(planner, candidate: int, modes):
+    """(tokens, recompute mode): the most tokens a micro-batch of ``candidate`` holds under
+    ``planner`` over the recompute ``modes``, and the first mode that holds them."""
+    budget, k = max((planner.candidate_model(candidate, m).budget, -k) for k, m in enumerate(modes))
+    return budget, modes[-k]
+
+
 def _with_memory(hw, memory_bytes: int):
     fields = hw.to_dict()
     fields["memory_bytes"] = memory_bytes
@@ -183,6 +190,8 @@ class Runtime:
             self.param_set = config.tensor_set(compute_matrices=True)
         self._compute_names = {spec.name for spec, full in zip(self.param_set.specs, self.tensor_set.specs)
                                if spec.dtype != full.dtype}
+        self._narrow_dtype = getattr(torch, config.compute_dtype or config.dtype)
+        self._wide_dtype = getattr(torch, config.dtype)
         self.max_context = max_context
         self.hooks = Hooks()
         self._stage = ""
@@ -442,12 +451,10 @@ class Runtime:
         with full-width parameters, on about half the bytes."""
         if not self._compute_names:
             return self._switch(shards, src, dst, src_kind=src_kind, donate=donate)
-        narrow_dtype = getattr(torch, self.config.compute_dtype)
-        narrow = {n: t.detach().to(narrow_dtype) if n in self._compute_names else t for n, t in shards.items()}
-        del shards
+        narrow = {n: t.detach().to(self._narrow_dtype) if n in self._compute_names else t
+                  for n, t in shards.items()}
         r = self._switch(narrow, src, dst, src_kind=src_kind, donate=donate, tensor_set=self.param_set)
-        wide = getattr(torch, self.config.dtype)
-        r.shards = {n: t.to(wide) if n in self._compute_names else t for n, t in r.shards.items()}
+        r.shards = {n: t.to(self._wide_dtype) if n in self._compute_names else t for n, t in r.shards.items()}
         return r
 
     def _master_shards(self):
@@ -780,7 +787,7 @@ class Runtime:
         for c in unmeasured:
             if c in in_plan:
                 continue
-            budget, k = max((self.planner.candidate_model(c, m).budget, -k) for k, m in enumerate(self.recompute_modes))
+            budget, mode = _largest_budget(self.planner, c, self.recompute_modes)
             held = [n for n in pieces if n <= budget]
             if not held:
                 continue  # it holds no piece of this step
@@ -790,7 +797,7 @@ class Runtime:
                 if tokens >= share:
                     break
                 bound, tokens = n, tokens + n
-            entries = [(bound, c, self.recompute_modes[-k])]
+            entries = [(bound, c, mode)]
             if bound < longest:
                 if home_mode is None:
                     continue
@@ -923,11 +930,10 @@ class Runtime:
         vocab = self.config.vocab_size
         runs, times = [], []
         for i, layout in enumerate(self.candidates):
-            budget, k = max((self.planner.candidate_model(i, m).budget, -k) for k, m in enumerate(self.recompute_modes))
+            budget, mode = _largest_budget(self.planner, i, self.recompute_modes)
             hold = min(budget, self.max_context)
             if hold < 16:
                 continue  # it holds no sequence worth timing
-            mode = self.recompute_modes[-k]
             per = 2 * layout.pp if layout.pp > 1 else 1
             packs = [[[int(hold * f) // cut] * cut for _ in range(per)] for f, cut in PROBE_PACKS]
             self._stage = f"start-up probe: switching parameters {self.home.name} -> {layout.name}"
@@ -945,7 +951,6 @@ class Runtime:
                     model.finish_gradients()
                     if timed:
                         times.append(time.perf_counter() - t0)
-            model.zero_grad()
             self._release(model)
             del params
             self._warm[layout.name] = self._warm.get(layout.name, 0) + 1
