@@ -745,10 +745,12 @@ class Runtime:
             if ph.candidate != home and names[ph.candidate] not in self._trusted:
                 work[ph.candidate] = work.get(ph.candidate, 0.0) + ph.cost.run_seconds
         if len(work) > 1:
-            # The one carrying the most work, or the next when the step cannot run without another.
-            for tried in sorted(work, key=lambda c: (-work[c], c)):
+            # The one carrying the most work, or the next when the step cannot run without another;
+            # then the same allowing a left-out one, which may be the only one holding the step.
+            order = sorted(work, key=lambda c: (-work[c], c))
+            for tried, out in [(c, left_out) for c in order] + [(c, set()) for c in order]:
                 untrusted = {i for i, n in enumerate(names) if n not in self._trusted and i not in (home, tried)}
-                restricted = self._restricted_planner(left_out | untrusted).plan(lengths)
+                restricted = self._restricted_planner(out | untrusted).plan(lengths)
                 if restricted.total_seconds < _NEVER_S:
                     _log.info("step %d: the plan relied on %d untrusted layouts %s; trying only %s this step",
                               self.step + 1, len(work), sorted(names[c] for c in work), names[tried])
