@@ -312,9 +312,10 @@ def _layers(rank, world, spec):
             def step(i):
                 x = torch.randn(contexts[i].num_tokens, cfg.hidden_size, device=device, requires_grad=True)
                 with torch.autocast(device.type, dtype=compute) if compute != cfg_dtype else contextlib.nullcontext():
-                    y = x
-                    for layer in layers:
-                        y = layer(y, contexts[i], region)
+                    y, delta = x, None
+                    for layer in layers:  # as the model runs its stack: each residual sum in the next norm
+                        y, delta = layer.forward_pair(y, delta, contexts[i], region)
+                    y = y + delta
                 y.backward(grads[i])
 
             seconds = _timed(step, len(contexts), spec["warmup"], device)

@@ -711,6 +711,7 @@ class Runtime:
         """Drops a cached layout model's gradients and parameter storage (it gets new shards
         with ``load_shards`` when its layout runs again)."""
         model.zero_grad()
+        model.drop_compute_copies()
         with torch.no_grad():
             for p in model.parameters():
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)

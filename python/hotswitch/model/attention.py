@@ -174,13 +174,16 @@ def _flex_kernel(q, k, v, block_mask, padded_q, padded_k):
 
     out = _compiled_flex()[1](heads_first(q, padded_q), heads_first(k, padded_k), heads_first(v, padded_k),
                               block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)[:q.shape[0]]
+    return out.squeeze(0).transpose(0, 1)[:q.shape[0]]
 
 
-def _sdpa_kernel(q, k, v, allowed):
+def _sdpa_kernel(q, k, v, mask):
+    """``mask``: bool ``[Tq, Tk]`` (true where a query sees a key), or the same as an additive
+    bias in ``q``'s dtype (0 where it sees, -inf elsewhere), which SDPA would otherwise build
+    from the bool mask at every call."""
     q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, h, T, d]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    return out.squeeze(0).transpose(0, 1)
 
 
 def _masked_heads(q, k, v, blocked):
@@ -298,6 +301,7 @@ class PackAttention:
                 allowed = document_mask(ids, index, ids, index)
                 if kernel == "sdpa":
                     self.allowed = allowed
+                    self._bias: Dict[torch.dtype, torch.Tensor] = {}
                 else:
                     self.blocked = ~allowed
 
@@ -314,10 +318,22 @@ class PackAttention:
         if self.kernel == "flex":
             return _flex_kernel(q, k, v, self.block_mask, self.padded, self.padded)
         if self.kernel == "sdpa":
-            return _sdpa_kernel(q, k, v, self.allowed)
+            return _sdpa_kernel(q, k, v, self.bias(q.dtype))
         if self.kernel == "masked":
             return _masked_kernel(q, k, v, self.blocked)
         return _grouped(q, k, v, self.groups)
+
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """The ``sdpa`` mask as an additive bias in ``dtype``: 0 where a query sees a key,
+        -inf elsewhere (the values SDPA converts a bool mask to), built at the first layer's
+        call and shared by the others. Every row sees at least its own token."""
+        bias = self._bias.get(dtype)
+        if bias is None:
+            bias = torch.full(self.allowed.shape, float("-inf"), dtype=dtype, device=self.allowed.device)
+            bias.masked_fill_(self.allowed, 0.0)
+            self._bias[dtype] = bias
+        return bias
 
 
 def _grouped(q, k, v, groups: LengthGroups):

@@ -188,20 +188,34 @@ class TransformerLayer(nn.Module):
         return copy if copy is not None else getattr(self, part).weight
 
     def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
+        """The layer's output ``x + attention block + MLP block`` (``forward_pair``, summed)."""
+        x, delta = self.forward_pair(x, None, ctx, region)
+        return x + delta
+
+    def forward_pair(self, x: torch.Tensor, delta: Optional[torch.Tensor], ctx: PackContext,
+                     region: _Region) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The layer on the residual stream ``x + delta`` (``delta``: the previous layer's MLP
+        output, not yet added, or None), returning its own pair ``(x', delta')`` whose sum is
+        the layer's output. The residual sum is left to the next norm, which adds it in the
+        same kernel (``add_norm``) and takes the sum's gradient in its own backward: no add,
+        no gradient accumulation and no cast of the MLP output's gradient between layers."""
         d, hq, hkv = self.head_dim, self.heads, self.kv_heads
         # The norms' outputs enter the matrix products (and the TP all-gather) in the compute dtype.
         kernels, dtype = self.kernels, self.compute_dtype
-        h = region.gather(norm(x, self.input_norm.weight, self.eps, dtype, kernels))
-        q, k, v = rotary_qkv(F.linear(h, self.weight("qkv")), ctx.cos, ctx.sin, hq, hkv, kernels)
+        if delta is None:
+            h = norm(x, self.input_norm.weight, self.eps, dtype, kernels)
+        else:
+            x, h = add_norm(x, delta, self.input_norm.weight, self.eps, dtype, kernels)
+        q, k, v = rotary_qkv(F.linear(region.gather(h), self.weight("qkv")), ctx.cos, ctx.sin, hq, hkv, kernels)
         if self.recompute_attention and torch.is_grad_enabled():
             o = _recomputed(ctx.attention, q, k, v)
         else:
             o = ctx.attention(q, k, v)
         o = o.reshape(-1, hq * d)
         x, h = add_norm(x, region.scatter(F.linear(o, self.weight("proj"))), self.post_norm.weight, self.eps,
-                              dtype, kernels)
+                        dtype, kernels)
         a = swiglu(F.linear(region.gather(h), self.weight("gate_up")), kernels)
-        return x + region.scatter(F.linear(a, self.weight("down")))
+        return x, region.scatter(F.linear(a, self.weight("down")))
 
 
 class ParallelTransformer(nn.Module):
@@ -304,9 +318,11 @@ class ParallelTransformer(nn.Module):
         self._tp_partial = [n for n in names if n.endswith("norm.weight")] if layout.tp > 1 else []
         self._finished: Dict[str, torch.Tensor] = {}
         self._pending = False
-        # Compute-dtype copies of the matrix weights, made once per call (_make_compute_copies).
+        # Compute-dtype copies of the matrix weights (_make_compute_copies).
         self._copy_weights = True
         self._head_copy: Optional[torch.Tensor] = None
+        # name -> (the data cast from, its version, the copy), kept between calls.
+        self._copies: Dict[str, Tuple[torch.Tensor, int, torch.Tensor]] = {}
         self.recompute_num_layers = recompute_num_layers
         self.recompute = recompute
 
@@ -352,6 +368,7 @@ class ParallelTransformer(nn.Module):
         result of a switch) the parameters' data, without a copy. Checks every shard first,
         so a ``ValueError`` changes nothing. Gradients are left as they are."""
         self._check_shards(shards)
+        self.drop_compute_copies()
         params = self.named_shards()
         with torch.no_grad():
             for name, p in params.items():
@@ -386,53 +403,83 @@ class ParallelTransformer(nn.Module):
         g, cfg = self.groups, self.config
         if g.is_first_stage:
             x = self._region.scatter(vocab_parallel_embedding(ctx.tokens, self.embedding.weight, self.vocab_start))
+        delta = None  # the last layer's MLP output, added by the next norm
         if self._recompute == "full" and torch.is_grad_enabled():
             for start in range(0, len(self.layer_ids), self.recompute_num_layers):
                 chunk = [self.layers[str(i)] for i in self.layer_ids[start:start + self.recompute_num_layers]]
-                x = _recomputed(lambda y, chunk=chunk: self._run_layers(chunk, y, ctx), x)
+                if delta is None:
+                    x, delta = _recomputed(lambda y, chunk=chunk: self._run_layers(chunk, y, None, ctx), x)
+                else:
+                    x, delta = _recomputed(lambda y, e, chunk=chunk: self._run_layers(chunk, y, e, ctx), x, delta)
         else:
-            x = self._run_layers([self.layers[str(i)] for i in self.layer_ids], x, ctx)
+            x, delta = self._run_layers([self.layers[str(i)] for i in self.layer_ids], x, None, ctx)
         if not g.is_last_stage:
-            return x
-        h = self._region.gather(norm(x, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels))
+            return x if delta is None else x + delta  # what the next stage receives
+        if delta is None:
+            h = norm(x, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels)
+        else:
+            h = add_norm(x, delta, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels)[1]
+        h = self._region.gather(h)
         head = self._head_copy if self._head_copy is not None else \
             self.embedding.weight if cfg.tied_embedding else self.head.weight
         losses = cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group, self.kernels)
         return (losses * ctx.weights).sum()
 
-    def _make_compute_copies(self, grad: bool) -> None:
-        """The matrix weights of this stage (the layers' and the head's) cast to the compute
-        dtype once for the call, instead of by autocast at every micro-batch. With ``grad``
-        each copy is a leaf whose gradient, once accumulated for a micro-batch, is added into
-        its fp32 parameter's ``.grad`` and dropped: the same sums, bit for bit, as autocast's
-        cast and its backward, without the two casts per weight and micro-batch. A no-op
-        when the compute dtype is the parameters'."""
+    def _make_compute_copies(self) -> None:
+        """The matrix weights of this stage (the layers' and the head's) in the compute dtype
+        for the call, instead of autocast's cast at every micro-batch. Each copy is a leaf whose
+        gradient, once accumulated for a micro-batch, is added into its fp32 parameter's
+        ``.grad`` and dropped: the same sums, bit for bit, as autocast's cast and its backward,
+        without the two casts per weight and micro-batch.
+
+        The copies are kept between calls and cast again only for a parameter that changed
+        since: an in-place update (the optimizer's step, ``copy_``) moves its version counter,
+        and new data (``load_shards``, ``drop_compute_copies``) drops them all. So a step
+        of several calls casts once, after the update. A kept copy holds on to the data it was
+        cast from, so no new tensor can take that address while it is kept. A no-op when the
+        compute dtype is the parameters'."""
         if self.compute_dtype == self.dtype or not self._copy_weights:
             return
 
-        def copy(p: torch.Tensor) -> torch.Tensor:
-            w = p.detach().to(self.compute_dtype)
-            if grad:
-                w.requires_grad_()
-                w.register_post_accumulate_grad_hook(functools.partial(_add_grad_into, p))
+        def copy(key: str, p: torch.Tensor) -> torch.Tensor:
+            kept = self._copies.get(key)
+            if kept is not None and kept[0].data_ptr() == p.data_ptr() and kept[1] == p._version:
+                w = kept[2]
+                w.grad = None  # nothing of a call that failed half-way
+                return w
+            with torch.no_grad():
+                w = p.detach().to(self.compute_dtype)
+            w.requires_grad_()
+            w.register_post_accumulate_grad_hook(functools.partial(_add_grad_into, p))
+            self._copies[key] = (p.detach(), p._version, w)
             return w
 
-        for layer in self.layers.values():
-            layer.compute_weights = {part: copy(getattr(layer, part).weight) for part in _MATRICES}
+        for i, layer in self.layers.items():
+            layer.compute_weights = {part: copy(f"{i}.{part}", getattr(layer, part).weight) for part in _MATRICES}
         # A tied head on the embedding's own stage stays with autocast: there its gradient must
         # join the lookup's before accumulating, as autograd sums them, to stay bitwise alike.
         if self.groups.is_last_stage and not (self.config.tied_embedding and self.groups.is_first_stage):
-            self._head_copy = copy(self.embedding.weight if self.config.tied_embedding else self.head.weight)
+            self._head_copy = copy("head", self.embedding.weight if self.config.tied_embedding else self.head.weight)
 
-    def _drop_compute_copies(self) -> None:
+    def _end_compute_copies(self, failed: bool) -> None:
+        """After a call: the layers compute with the parameters again (autocast) until the next
+        call; the copies are kept for it unless the call failed."""
         for layer in self.layers.values():
             layer.compute_weights = {}
         self._head_copy = None
+        if failed:
+            self._copies.clear()
 
-    def _run_layers(self, layers, x: torch.Tensor, ctx: PackContext) -> torch.Tensor:
+    def drop_compute_copies(self) -> None:
+        """Frees the kept compute-dtype copies of the matrix weights (and the reference they
+        hold to the data they were cast from); the next call casts afresh."""
+        self._end_compute_copies(failed=True)
+
+    def _run_layers(self, layers, x: torch.Tensor, delta: Optional[torch.Tensor], ctx: PackContext):
+        """``layers`` on the residual stream ``x + delta``; returns the last one's pair."""
         for layer in layers:
-            x = layer(x, ctx, self._region)
-        return x
+            x, delta = layer.forward_pair(x, delta, ctx, self._region)
+        return x, delta
 
     def _contexts(self, micro_batches, kernel: str):
         g = self.groups
@@ -492,7 +539,7 @@ class ParallelTransformer(nn.Module):
                     p.grad = None
         self._pending = True
         contexts = self._contexts(micro_batches, self.attention_kernel)
-        self._make_compute_copies(grad=True)
+        self._make_compute_copies()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
 
         def forward(i: int, x: Optional[torch.Tensor]) -> torch.Tensor:
@@ -507,10 +554,12 @@ class ParallelTransformer(nn.Module):
 
         fns = StageFunctions(forward, lambda i: (contexts[i].rows, self.config.hidden_size),
                              self.dtype, self.device)
+        failed = True
         try:
             run_1f1b(fns, len(contexts), g.pp_rank, self.layout.pp, g.pp_ranks, g.pp_group, g.timeout)
+            failed = False
         finally:
-            self._drop_compute_copies()
+            self._end_compute_copies(failed)
         loss_sum = self._replica_loss(loss_sum)
         return float(loss_sum.sum()), sum(c.num_targets for c in contexts)
 
@@ -525,12 +574,13 @@ class ParallelTransformer(nn.Module):
         contexts = self._contexts(micro_batches, "grouped")
         loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
         stage = g.pp_rank
-        with torch.no_grad():
-            self._make_compute_copies(grad=False)
+        self._make_compute_copies()
+        failed = True
         try:
             self._forward_loss(contexts, loss_sum)
+            failed = False
         finally:
-            self._drop_compute_copies()
+            self._end_compute_copies(failed)
         loss_sum = self._replica_loss(loss_sum)
         return float(loss_sum), sum(c.num_targets for c in contexts)
 

@@ -55,7 +55,10 @@ def test_model_with_triton_steps_matches_the_torch_path(interpreted, layout, com
     world = hs.Layout.parse(layout).world
     for rank, out in enumerate(run_world(world, w.fused_parity, layout, compute_dtype, timeout=300)):
         (loss_ref, grads_ref), (loss, grads) = out["torch"], out["triton"]
-        tol = 1e-5 if compute_dtype is None else 2e-2
+        # bf16: 3e-2 of the largest gradient. Triton's interpreter truncates fp32 -> bf16 where
+        # a GPU rounds to nearest (half the values of a random tensor differ, twice the mean
+        # error), and every fused step writes bf16.
+        tol = 1e-5 if compute_dtype is None else 3e-2
         assert abs(loss - loss_ref) <= tol * abs(loss_ref), (rank, loss, loss_ref)
         assert grads.keys() == grads_ref.keys()
         for name in grads_ref:

@@ -250,11 +250,14 @@ def test_dead_pipeline_stage_raises_instead_of_hanging(mode):
 
 
 @pytest.mark.parametrize("layout,tied", [("dp1", True), ("tp2", False), ("pp2", True)])
-def test_weights_cast_once_per_call_equal_autocast_casting_every_micro_batch(layout, tied):
+def test_kept_weight_copies_equal_autocast_casting_every_micro_batch(layout, tied):
     world = hs.Layout.parse(layout).world
     for rank, out in enumerate(run_world(world, w.compute_copies_parity, layout, tied, timeout=300)):
-        (losses, grads), (ref_losses, ref_grads) = out[True], out[False]
+        (losses, grads, reused), (ref_losses, ref_grads, _) = out[True], out[False]
         assert losses == ref_losses, (rank, losses, ref_losses)
+        # Cast at the first call, kept while the weights stay, cast again after an in-place
+        # update and after new shards.
+        assert reused == [False, True, True, False, False], (rank, reused)
         assert grads.keys() == ref_grads.keys()
         for name in grads:
             np.testing.assert_array_equal(grads[name], ref_grads[name], err_msg=f"rank {rank} {name}")

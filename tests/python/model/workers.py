@@ -293,10 +293,12 @@ def fused_launches(rank, world):
 
 
 def compute_copies_parity(rank, world, layout_name, tied):
-    """Two steps of bf16 forward and backward (several micro-batches each, gradients
-    accumulating across the steps) and a validation pass, with the matrix weights cast once per
-    call and with autocast casting them at every micro-batch: per way the losses and this
-    rank's gradients."""
+    """bf16 forward and backward calls (several micro-batches each, gradients accumulating
+    across calls) and validation passes, with the matrix weights' kept compute copies and with
+    autocast casting them at every micro-batch. Between calls the weights change as a step
+    changes them: an in-place update (an SGD step on the accumulated gradients) and new data
+    (``load_shards``). Per way the losses, this rank's gradients and, with copies, which calls
+    reused the previous call's copies."""
     cfg = config(tied=tied, compute_dtype="bfloat16")
     layout = hs.Layout.parse(layout_name)
     groups = hs.ParallelGroups(layout)
@@ -304,9 +306,24 @@ def compute_copies_parity(rank, world, layout_name, tied):
     for copies in (True, False):
         model = hs.ParallelTransformer(cfg, layout, groups, seed=5)
         model._copy_weights = copies
-        losses = []
-        for step in batches()[:2]:
-            losses.append(model.forward_backward(step, 1.0 / hs.count_targets(step))[0])
-        losses.append(model.forward_loss(batches()[2])[0])
-        out[copies] = (losses, _numpy(model.grad_shards()))
+        losses, reused = [], []
+
+        def call(fn):
+            before = {k: v[2] for k, v in model._copies.items()}
+            losses.append(fn()[0])
+            reused.append(bool(before) and all(model._copies[k][2] is w for k, w in before.items()))
+
+        step1, step2, held_out = batches()[:3]
+        call(lambda: model.forward_backward(step1, 1.0 / hs.count_targets(step1)))
+        call(lambda: model.forward_backward(step2, 1.0 / hs.count_targets(step2)))  # unchanged weights
+        call(lambda: model.forward_loss(held_out))
+        grads = _numpy(model.grad_shards())
+        with torch.no_grad():  # the optimizer's step, in place
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-0.5)
+        call(lambda: model.forward_loss(held_out))
+        model.load_shards({n: (p.detach() * 1.25).contiguous() for n, p in model.named_shards().items()})
+        call(lambda: model.forward_loss(held_out))
+        out[copies] = (losses, grads, reused)
     return out
