@@ -19,8 +19,8 @@ micro-batch of the CPU model under bf16 autocast, with the fused steps as CUDA r
 (Triton, interpreted on the CPU; ``hotswitch.calibration.overhead.count_layer_ops``);
 ``kernels_per_layer_unfused`` — the same with the PyTorch path of those steps (the layer
 before they were fused, and the CPU's path); ``kernels_per_layer_of_4`` — with the fused steps,
-per micro-batch of a call of 4 micro-batches (the matrix weights are cast to bf16 once per
-call, not per micro-batch; not under ``--quick``); ``kernels_outside_layers`` (and ``_unfused``) — the kernels per
+per micro-batch of a call of 4 micro-batches (what runs once per call spread over them;
+not under ``--quick``); ``kernels_outside_layers`` (and ``_unfused``) — the kernels per
 micro-batch outside the layers (embedding, final norm, loss head with its cross entropy, fused
 or not); and ``host_layer_s_16`` — the seconds per layer
 of a 16-token micro-batch on the CPU (PyTorch path; only when timing on the CPU). Without

@@ -242,8 +242,11 @@ def count_layer_ops(config: TransformerConfig, tp: int = 1, tokens: int = 16,
     ``kernels`` is the CPU's proxy of the launches per layer.
 
     ``micro_batches``: the micro-batches of the counted call (each a sequence of ``tokens``);
-    the counts are per micro-batch, so what happens once per call (the compute-dtype copies
-    of the weights) spreads over them.
+    the counts are per micro-batch, so what happens once per call spreads over them. An
+    uncounted call runs first, so the compute-dtype copies of the weights, kept while the
+    weights do not change, are not cast in the counted one. At ``tp > 1`` gloo's
+    reduce-scatter adds one ``copy_`` of its result per call (4 per layer), dispatched from
+    inside the collective.
 
     ``kernels``: the model's fused steps (``hotswitch.model.fused``); ``"triton"`` runs its
     kernels under Triton's interpreter and counts their launches (names prefixed
