@@ -9,6 +9,11 @@ row-parallel matrix's partial sums (backward: all-gather).
 Both run as one collective into or out of one tensor, in the tensors' own dtype (bf16
 included), on NCCL and on gloo alike (``all_gather_single`` / ``reduce_scatter_single``, or
 their older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``).
+
+``gathered_linear`` joins the gather with the column-parallel matrix product that follows
+it, so that its backward overlaps the two: the input gradient's reduce-scatter is posted as
+soon as that gradient exists and runs while the weight gradient is computed (on NCCL's own
+stream, or gloo's thread), as Megatron-LM's sequence-parallel linear does.
 """
 
 from datetime import timedelta
@@ -16,9 +21,10 @@ from typing import List, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 __all__ = ["all_reduce", "all_gather_rows", "reduce_scatter_rows", "gather_from_sequence",
-           "scatter_to_sequence", "exchange"]
+           "scatter_to_sequence", "gathered_linear", "exchange"]
 
 # The single-tensor collectives under their current names, else the names they had.
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -42,14 +48,15 @@ def all_gather_rows(x: torch.Tensor, group, size: int) -> torch.Tensor:
     return out
 
 
-def reduce_scatter_rows(x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
+def reduce_scatter_rows(x: torch.Tensor, group, size: int, index: int, async_op: bool = False):
     """``[size * n, ...]`` summands on each rank -> rows ``[index * n, (index + 1) * n)`` of
-    their sum (``index``: this rank's place in ``group``)."""
+    their sum (``index``: this rank's place in ``group``). With ``async_op``: ``(rows,
+    work)``, the rows valid once ``work.wait()`` returns (``work`` None for no group)."""
     if group is None:
-        return x
+        return (x, None) if async_op else x
     out = torch.empty((x.shape[0] // size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    _scatter_single(out, x.contiguous(), group=group)
-    return out
+    work = _scatter_single(out, x.contiguous(), group=group, async_op=async_op)
+    return (out, work) if async_op else out
 
 
 class _GatherFromSequence(torch.autograd.Function):
@@ -72,6 +79,51 @@ class _ScatterToSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return all_gather_rows(grad, ctx.group, ctx.size), None, None, None
+
+
+class _GatheredLinear(torch.autograd.Function):
+    """``all_gather_rows(x)``, cast to ``dtype`` (autocast's, or None), ``@ weight.T``.
+    Backward: the input gradient ``g @ weight`` first, cast back to ``x``'s dtype, its
+    reduce-scatter posted at once, the weight gradient ``g.T @ gathered`` computed while it
+    runs. The same products of the same operands as ``F.linear``'s backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group, size, index, dtype):
+        gathered = all_gather_rows(x, group, size)
+        if dtype is not None:
+            gathered = gathered.to(dtype)
+        ctx.save_for_backward(gathered, weight)
+        ctx.group, ctx.size, ctx.index, ctx.x_dtype = group, size, index, x.dtype
+        return F.linear(gathered, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gathered, weight = ctx.saved_tensors
+        dx = dw = work = None
+        if ctx.needs_input_grad[0]:
+            dx, work = reduce_scatter_rows(grad.matmul(weight).to(ctx.x_dtype), ctx.group, ctx.size, ctx.index,
+                                           async_op=True)
+        if ctx.needs_input_grad[1]:
+            dw = grad.reshape(-1, grad.shape[-1]).t().mm(gathered.reshape(-1, gathered.shape[-1]))
+        if work is not None:
+            work.wait()
+        return dx, dw, None, None, None, None
+
+
+def gathered_linear(x: torch.Tensor, weight: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
+    """``F.linear(gather_from_sequence(x, ...), weight)``: the whole pack's rows of a
+    column-parallel matrix product from this rank's sequence-parallel slice, with the
+    backward's reduce-scatter overlapped with the weight gradient (``_GatheredLinear``).
+    Under autocast the operands are cast to its dtype as ``F.linear`` would cast them: the
+    weight before, the rows after the gather (so the gather and the reduce-scatter move
+    ``x``'s dtype)."""
+    if group is None:
+        return F.linear(x, weight)
+    kind, dtype = x.device.type, None
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        weight = weight.to(dtype)
+    return _GatheredLinear.apply(x, weight, group, size, index, dtype)
 
 
 def gather_from_sequence(x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:

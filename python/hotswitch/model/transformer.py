@@ -15,7 +15,7 @@ from hotswitch.logging import get_logger
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.batch import MicroBatch
 from hotswitch.model.comm import (all_gather_rows, all_reduce, exchange, gather_from_sequence,
-                                  reduce_scatter_rows, scatter_to_sequence)
+                                  gathered_linear, reduce_scatter_rows, scatter_to_sequence)
 from hotswitch.model.config import TransformerConfig
 from hotswitch.model.context import ContextAttention, ContextSplit
 from hotswitch.model.groups import ParallelGroups
@@ -156,6 +156,10 @@ class _Region:
     def scatter(self, x):
         return scatter_to_sequence(x, self.group, self.size, self.index)
 
+    def linear(self, x, weight):
+        """``F.linear(self.gather(x), weight)``, its backward's reduce-scatter overlapped."""
+        return gathered_linear(x, weight, self.group, self.size, self.index)
+
 
 class TransformerLayer(nn.Module):
     """One decoder layer's local shards and forward.
@@ -206,7 +210,7 @@ class TransformerLayer(nn.Module):
             h = norm(x, self.input_norm.weight, self.eps, dtype, kernels)
         else:
             x, h = add_norm(x, delta, self.input_norm.weight, self.eps, dtype, kernels)
-        q, k, v = rotary_qkv(F.linear(region.gather(h), self.weight("qkv")), ctx.cos, ctx.sin, hq, hkv, kernels)
+        q, k, v = rotary_qkv(region.linear(h, self.weight("qkv")), ctx.cos, ctx.sin, hq, hkv, kernels)
         if self.recompute_attention and torch.is_grad_enabled():
             o = _recomputed(ctx.attention, q, k, v)
         else:
@@ -214,7 +218,7 @@ class TransformerLayer(nn.Module):
         o = o.reshape(-1, hq * d)
         x, h = add_norm(x, region.scatter(F.linear(o, self.weight("proj"))), self.post_norm.weight, self.eps,
                         dtype, kernels)
-        a = swiglu(F.linear(region.gather(h), self.weight("gate_up")), kernels)
+        a = swiglu(region.linear(h, self.weight("gate_up")), kernels)
         return x, region.scatter(F.linear(a, self.weight("down")))
 
 
@@ -419,10 +423,9 @@ class ParallelTransformer(nn.Module):
             h = norm(x, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels)
         else:
             h = add_norm(x, delta, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels)[1]
-        h = self._region.gather(h)
         head = self._head_copy if self._head_copy is not None else \
             self.embedding.weight if cfg.tied_embedding else self.head.weight
-        losses = cross_entropy(F.linear(h, head), ctx.targets, self.vocab_start, g.tp_group, self.kernels)
+        losses = cross_entropy(self._region.linear(h, head), ctx.targets, self.vocab_start, g.tp_group, self.kernels)
         return (losses * ctx.weights).sum()
 
     def _make_compute_copies(self) -> None:

@@ -327,3 +327,49 @@ def compute_copies_parity(rank, world, layout_name, tied):
         call(lambda: model.forward_loss(held_out))
         out[copies] = (losses, grads, reused)
     return out
+
+
+def gathered_linear_parity(rank, world, dtype_name, autocast):
+    """A column-parallel product of the sequence-parallel slices, through ``gathered_linear``
+    and through the gather followed by ``F.linear``: outputs, gradients and the order of the
+    backward's operators (per path)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hotswitch.model.comm import gather_from_sequence, gathered_linear
+
+    class Order(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            if name in ("aten.mm", "c10d._reduce_scatter_base_"):
+                self.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    rows, k, n = 6, 16, 24
+    gen = torch.Generator().manual_seed(5)
+    x_all = torch.randn(world * rows, k, generator=gen)
+    w_all = torch.randn(world * n, k, generator=gen)
+    g_all = torch.randn(world * rows, world * n, generator=gen)
+    dtype = getattr(torch, dtype_name)
+    group = dist.group.WORLD
+    paths = {"fused": lambda a, b: gathered_linear(a, b, group, world, rank),
+             "composed": lambda a, b: F.linear(gather_from_sequence(a, group, world, rank), b)}
+    out = {}
+    for name, fn in paths.items():
+        leaf_dtype = torch.float32 if autocast else dtype
+        x = x_all[rank * rows:(rank + 1) * rows].to(leaf_dtype).requires_grad_()
+        w = w_all[rank * n:(rank + 1) * n].to(leaf_dtype).requires_grad_()
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            y = fn(x, w)
+        order = Order()
+        with order:
+            y.backward(g_all[:, rank * n:(rank + 1) * n].to(y.dtype))
+        out[name] = {"y": y.detach().float().numpy(), "y_dtype": str(y.dtype), "dx": x.grad.float().numpy(),
+                     "dw": w.grad.float().numpy(), "grad_dtypes": (str(x.grad.dtype), str(w.grad.dtype)),
+                     "order": order.ops}
+    return out
