@@ -26,6 +26,15 @@ or not); and ``host_layer_s_16`` — the seconds per layer
 of a 16-token micro-batch on the CPU (PyTorch path; only when timing on the CPU). Without
 ``triton`` installed only the unfused count is reported.
 
+``tp_overlap`` — the sequence-parallel column-parallel product (the layer's QKV and gate/up,
+the loss head), forward and backward at tp2 on 2 gloo ranks of the CPU, fp32:
+``gathered_linear``, whose backward posts the input gradient's reduce-scatter before the
+weight gradient's product and runs them together, against the gather followed by
+``F.linear`` (their backward one after the other). Per shape ``tokens x hidden -> columns``:
+median seconds of each (rank 0, the two alternating, a barrier before each) and
+``serial_over_overlapped``. Gloo's thread shares the CPU's cores with the product, so this is
+the CPU's figure only; on NCCL the collective runs on its own stream.
+
 ``micro_batch_s`` is per token count the time of a micro-batch through the model with the
 larger layer count; ``layer_micro_batch_s`` the time per layer of a micro-batch. With
 ``--write-profile OUT.json`` the fitted overhead replaces ``layer_overhead_seconds`` of
@@ -45,6 +54,7 @@ import torch
 
 import hotswitch as hs
 from hotswitch.calibration.overhead import count_layer_ops, measure_micro_batch, with_layer_overhead
+from hotswitch.distributed import spawn
 from hotswitch.hardware import load_hardware, preset_for_device, save_profile
 from benchmarks import rounded
 
@@ -56,6 +66,46 @@ CPU_QUICK_TOKENS = (16, 64, 256)
 CUDA_TOKENS = (64, 256, 1024, 4096, 8192)
 CUDA_QUICK_TOKENS = (64, 1024, 4096)
 LAYERS = (1, 3)
+# (tokens, hidden, columns) of the tp overlap's column-parallel product, whole over 2 ranks.
+OVERLAP_SHAPES = ((1024, 1024, 4096), (4096, 1024, 2048))
+OVERLAP_QUICK_SHAPES = ((1024, 1024, 4096),)
+
+
+def _overlap_rank(rank: int, world: int, shapes, repeats: int) -> dict:
+    """Rank ``rank`` of ``world`` gloo ranks: median seconds of forward and backward of the
+    column-parallel product per shape, overlapped and serial (see the module's docstring)."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from hotswitch.model.comm import gather_from_sequence, gathered_linear
+
+    group = dist.group.WORLD
+    out = {}
+    for tokens, hidden, columns in shapes:
+        gen = torch.Generator().manual_seed(rank)
+        x = torch.randn(tokens // world, hidden, generator=gen).requires_grad_()
+        w = torch.randn(columns // world, hidden, generator=gen).requires_grad_()
+        grad = torch.randn(tokens, columns // world, generator=gen)
+        paths = [("overlapped", lambda: gathered_linear(x, w, group, world, rank)),
+                 ("serial", lambda: F.linear(gather_from_sequence(x, group, world, rank), w))]
+        times = {name: [] for name, _ in paths}
+        warmup = 2
+        for i in range(warmup + repeats):
+            for name, fn in (paths if i % 2 else paths[::-1]):
+                dist.barrier(group)
+                t0 = time.perf_counter()
+                fn().backward(grad)
+                elapsed = time.perf_counter() - t0
+                x.grad = w.grad = None
+                if i >= warmup:
+                    times[name].append(elapsed)
+        row = {name: statistics.median(v) for name, v in times.items()}
+        row["serial_over_overlapped"] = row["serial"] / row["overlapped"]
+        out[f"{tokens}x{hidden}->{columns}"] = row
+    return out
 
 
 def main(argv=None):
@@ -126,6 +176,12 @@ def main(argv=None):
         if f"tp{tp}" in kernels["fused"]:
             print(f"tp{tp}: fused steps launch {kernels['unfused'][f'tp{tp}'] / kernels['fused'][f'tp{tp}']:.2f}x "
                   f"fewer kernels per layer than the unfused layer")
+    overlap = spawn(2, _overlap_rank, OVERLAP_QUICK_SHAPES if args.quick else OVERLAP_SHAPES,
+                    5 if args.quick else 15, timeout=600.0, pg_timeout=600.0)[0]
+    for shape, row in overlap.items():
+        print(f"tp2 column-parallel product {shape} (gloo, CPU, fp32), forward+backward: overlapped "
+              f"{row['overlapped'] * 1e3:.2f} ms, serial {row['serial'] * 1e3:.2f} ms, "
+              f"serial/overlapped {row['serial_over_overlapped']:.3f}")
     result = {
         "device": costs.device,
         "device_name": costs.device_name,
@@ -141,6 +197,7 @@ def main(argv=None):
         "kernels_per_layer_of_4": kernels.get("of_4"),
         "kernels_outside_layers": outside["fused"] or None,
         "kernels_outside_layers_unfused": outside["unfused"],
+        "tp_overlap": overlap,
         "seconds": costs.seconds,
     }
     if costs.device == "cpu" and 16 in costs.token_counts:
