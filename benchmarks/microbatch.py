@@ -28,9 +28,10 @@ of a 16-token micro-batch on the CPU (PyTorch path; only when timing on the CPU)
 
 ``tp_overlap`` — the sequence-parallel column-parallel product (the layer's QKV and gate/up,
 the loss head), forward and backward at tp2 on 2 gloo ranks of the CPU, fp32:
-``gathered_linear``, whose backward posts the input gradient's reduce-scatter before the
-weight gradient's product and runs them together, against the gather followed by
-``F.linear`` (their backward one after the other). Per shape ``tokens x hidden -> columns``:
+``gathered_linear``, which keeps only the rank's slice and whose backward gathers it again
+beside the input gradient's product and reduce-scatters that gradient beside the weight
+gradient's, against the gather followed by ``F.linear`` (which keeps the gathered rows; its
+backward's products, then the reduce-scatter). Per shape ``tokens x hidden -> columns``:
 median seconds of each (rank 0, the two alternating, a barrier before each) and
 ``serial_over_overlapped``. Gloo's thread shares the CPU's cores with the product, so this is
 the CPU's figure only; on NCCL the collective runs on its own stream.

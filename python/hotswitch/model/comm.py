@@ -11,9 +11,10 @@ included), on NCCL and on gloo alike (``all_gather_single`` / ``reduce_scatter_s
 their older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``).
 
 ``gathered_linear`` joins the gather with the column-parallel matrix product that follows
-it, so that its backward overlaps the two: the input gradient's reduce-scatter is posted as
-soon as that gradient exists and runs while the weight gradient is computed (on NCCL's own
-stream, or gloo's thread), as Megatron-LM's sequence-parallel linear does.
+it, as Megatron-LM's sequence-parallel linear does: only this rank's slice stays for the
+backward, which gathers it again while computing the input gradient, and reduce-scatters
+that gradient while computing the weight gradient (each collective on NCCL's own stream, or
+gloo's thread, beside the product).
 """
 
 from datetime import timedelta
@@ -81,39 +82,59 @@ class _ScatterToSequence(torch.autograd.Function):
         return all_gather_rows(grad, ctx.group, ctx.size), None, None, None
 
 
+def _all_gather_async(x: torch.Tensor, group, size: int):
+    """``all_gather_rows`` posted without waiting: ``(rows, work)``."""
+    x = x.contiguous()
+    out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out, _gather_single(out, x, group=group, async_op=True)
+
+
 class _GatheredLinear(torch.autograd.Function):
     """``all_gather_rows(x)``, cast to ``dtype`` (autocast's, or None), ``@ weight.T``.
-    Backward: the input gradient ``g @ weight`` first, cast back to ``x``'s dtype, its
-    reduce-scatter posted at once, the weight gradient ``g.T @ gathered`` computed while it
-    runs. The same products of the same operands as ``F.linear``'s backward."""
+
+    Only ``x``, this rank's slice, stays for the backward (not the gathered rows: a ``tp``-th
+    of the bytes). Backward: the gather of ``x`` again, posted first and run while the input
+    gradient ``g @ weight`` is computed; that gradient, cast back to ``x``'s dtype, posted to
+    its reduce-scatter and run while the weight gradient ``g.T @ gathered`` is computed. The
+    same products of the same operands as ``F.linear``'s backward, so the same gradients."""
 
     @staticmethod
     def forward(ctx, x, weight, group, size, index, dtype):
         gathered = all_gather_rows(x, group, size)
         if dtype is not None:
             gathered = gathered.to(dtype)
-        ctx.save_for_backward(gathered, weight)
-        ctx.group, ctx.size, ctx.index, ctx.x_dtype = group, size, index, x.dtype
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.size, ctx.index, ctx.dtype = group, size, index, dtype
         return F.linear(gathered, weight)
 
     @staticmethod
     def backward(ctx, grad):
-        gathered, weight = ctx.saved_tensors
-        dx = dw = work = None
-        if ctx.needs_input_grad[0]:
-            dx, work = reduce_scatter_rows(grad.matmul(weight).to(ctx.x_dtype), ctx.group, ctx.size, ctx.index,
-                                           async_op=True)
-        if ctx.needs_input_grad[1]:
+        x, weight = ctx.saved_tensors
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        gathered = gather = None
+        if need_dw:
+            gathered, gather = _all_gather_async(x, ctx.group, ctx.size)
+        dx = scatter = None
+        if need_dx:
+            dx = grad.matmul(weight).to(x.dtype)
+        dw = None
+        if need_dw:
+            gather.wait()
+            if ctx.dtype is not None:
+                gathered = gathered.to(ctx.dtype)
+        if need_dx:
+            dx, scatter = reduce_scatter_rows(dx, ctx.group, ctx.size, ctx.index, async_op=True)
+        if need_dw:
             dw = grad.reshape(-1, grad.shape[-1]).t().mm(gathered.reshape(-1, gathered.shape[-1]))
-        if work is not None:
-            work.wait()
+        if scatter is not None:
+            scatter.wait()
         return dx, dw, None, None, None, None
 
 
 def gathered_linear(x: torch.Tensor, weight: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
     """``F.linear(gather_from_sequence(x, ...), weight)``: the whole pack's rows of a
-    column-parallel matrix product from this rank's sequence-parallel slice, with the
-    backward's reduce-scatter overlapped with the weight gradient (``_GatheredLinear``).
+    column-parallel matrix product from this rank's sequence-parallel slice, keeping only
+    the slice for the backward, whose collectives run beside its products (``_GatheredLinear``).
     Under autocast the operands are cast to its dtype as ``F.linear`` would cast them: the
     weight before, the rows after the gather (so the gather and the reduce-scatter move
     ``x``'s dtype)."""

@@ -251,7 +251,7 @@ def test_dead_pipeline_stage_raises_instead_of_hanging(mode):
 
 
 @pytest.mark.parametrize("dtype,autocast", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
-def test_gathered_linear_equals_the_gather_then_linear_and_overlaps_its_backward(dtype, autocast):
+def test_gathered_linear_equals_the_gather_then_linear_keeping_only_the_slice_and_overlapping_its_backward(dtype, autocast):
     for rank, out in enumerate(run_world(2, w.gathered_linear_parity, dtype, autocast, timeout=120)):
         fused, composed = out["fused"], out["composed"]
         # The same products of the same operands: bit for bit, in fp32 and bf16, under autocast too.
@@ -259,10 +259,16 @@ def test_gathered_linear_equals_the_gather_then_linear_and_overlaps_its_backward
             np.testing.assert_array_equal(fused[key], composed[key], err_msg=f"rank {rank} {key}")
         assert fused["y_dtype"] == composed["y_dtype"] == f"torch.{dtype}"
         assert fused["grad_dtypes"] == composed["grad_dtypes"]
-        # The input gradient's reduce-scatter is posted before the weight gradient's product
-        # (after it, when the gather's backward runs as its own autograd node).
-        assert fused["order"] == ["aten.mm", "c10d._reduce_scatter_base_", "aten.mm"], fused["order"]
+        # Only this rank's 6 rows (and the 24-row weight shard) stay for the backward, which
+        # gathers them again before the input gradient's product and posts that gradient's
+        # reduce-scatter before the weight gradient's product; the gather then F.linear keeps
+        # the 12 gathered rows and reduce-scatters after both products.
+        assert fused["kept_rows"] == [6, 24], fused["kept_rows"]
+        assert 12 in composed["kept_rows"], composed["kept_rows"]
+        assert fused["order"] == ["c10d._allgather_base_", "aten.mm", "c10d._reduce_scatter_base_", "aten.mm"], \
+            fused["order"]
         assert composed["order"] == ["aten.mm", "aten.mm", "c10d._reduce_scatter_base_"], composed["order"]
+
 
 @pytest.mark.parametrize("layout,tied", [("dp1", True), ("tp2", False), ("pp2", True)])
 def test_kept_weight_copies_equal_autocast_casting_every_micro_batch(layout, tied):

@@ -331,8 +331,9 @@ def compute_copies_parity(rank, world, layout_name, tied):
 
 def gathered_linear_parity(rank, world, dtype_name, autocast):
     """A column-parallel product of the sequence-parallel slices, through ``gathered_linear``
-    and through the gather followed by ``F.linear``: outputs, gradients and the order of the
-    backward's operators (per path)."""
+    and through the gather followed by ``F.linear``: outputs, gradients, the row counts of
+    what the forward keeps for the backward, and the order of the backward's collectives and
+    products (per path)."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -346,7 +347,7 @@ def gathered_linear_parity(rank, world, dtype_name, autocast):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = str(func.overloadpacket)
-            if name in ("aten.mm", "c10d._reduce_scatter_base_"):
+            if name in ("aten.mm", "c10d._allgather_base_", "c10d._reduce_scatter_base_"):
                 self.ops.append(name)
             return func(*args, **(kwargs or {}))
 
@@ -364,12 +365,14 @@ def gathered_linear_parity(rank, world, dtype_name, autocast):
         leaf_dtype = torch.float32 if autocast else dtype
         x = x_all[rank * rows:(rank + 1) * rows].to(leaf_dtype).requires_grad_()
         w = w_all[rank * n:(rank + 1) * n].to(leaf_dtype).requires_grad_()
-        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+        kept = []
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast), \
+                torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(tuple(t.shape)) or t, lambda t: t):
             y = fn(x, w)
         order = Order()
         with order:
             y.backward(g_all[:, rank * n:(rank + 1) * n].to(y.dtype))
         out[name] = {"y": y.detach().float().numpy(), "y_dtype": str(y.dtype), "dx": x.grad.float().numpy(),
                      "dw": w.grad.float().numpy(), "grad_dtypes": (str(x.grad.dtype), str(w.grad.dtype)),
-                     "order": order.ops}
+                     "order": order.ops, "kept_rows": sorted({shape[0] for shape in kept if len(shape) == 2})}
     return out
