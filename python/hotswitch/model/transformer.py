@@ -68,13 +68,15 @@ class PackContext:
 
     ``tokens``/``targets`` int64 ``[Tp]``, ``weights`` ``[Tp]`` (1 where a token has a
     target, else 0), ``rows = Tp / tp`` (the sequence-parallel slice each TP rank holds).
-    ``num_targets`` counts the whole pack's targets (over all cp ranks).
+    ``num_targets`` counts the whole pack's targets (over all cp ranks). ``cos``/``sin``: the
+    rotary tables ``[Tp, d / 2]`` in the config's dtype (``rotary`` casts them once per pack).
     """
 
     def __init__(self, mb: MicroBatch, config: TransformerConfig, tp: int, device: torch.device,
                  kernel: str = "grouped", cp: int = 1, cp_rank: int = 0, cp_gather=None):
         n = mb.num_tokens
         self.num_targets = mb.num_targets
+        self._rotary: Dict[torch.dtype, Tuple[torch.Tensor, torch.Tensor]] = {}
         if cp > 1:
             self._init_context(mb, config, tp, device, kernel, cp, cp_rank, cp_gather)
             return
@@ -99,6 +101,16 @@ class PackContext:
         self.cos, self.sin = rotary_tables(positions.to(device), config.head_dim, config.rope_theta,
                                            getattr(torch, config.dtype), config.rope_scaling_dict)
         self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
+
+    def rotary(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` in ``dtype``, cast at the first call and shared by every layer after
+        (both paths of the rotation round the tables to the activations' dtype)."""
+        if self.cos.dtype == dtype:
+            return self.cos, self.sin
+        tables = self._rotary.get(dtype)
+        if tables is None:
+            tables = self._rotary[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
+        return tables
 
     def _init_context(self, mb, config, tp, device, kernel, cp, cp_rank, cp_gather) -> None:
         n = mb.num_tokens
@@ -210,7 +222,8 @@ class TransformerLayer(nn.Module):
             h = norm(x, self.input_norm.weight, self.eps, dtype, kernels)
         else:
             x, h = add_norm(x, delta, self.input_norm.weight, self.eps, dtype, kernels)
-        q, k, v = rotary_qkv(region.linear(h, self.weight("qkv")), ctx.cos, ctx.sin, hq, hkv, kernels)
+        qkv = region.linear(h, self.weight("qkv"))
+        q, k, v = rotary_qkv(qkv, *ctx.rotary(qkv.dtype), hq, hkv, kernels)
         if self.recompute_attention and torch.is_grad_enabled():
             o = _recomputed(ctx.attention, q, k, v)
         else:

@@ -270,6 +270,15 @@ def test_gathered_linear_equals_the_gather_then_linear_keeping_only_the_slice_an
         assert composed["order"] == ["aten.mm", "aten.mm", "c10d._reduce_scatter_base_"], composed["order"]
 
 
+def test_what_a_layer_keeps_for_the_backward_is_split_over_tp():
+    # Everything a layer keeps (the residual stream's slice, the norms' outputs, q/k/v and the
+    # attention's output, the MLP's intermediates) is a tp-th of the pack's, as the cost
+    # model's activation memory assumes: no gathered [T, h] rows stay at tp > 1.
+    per_layer = {world: run_world(world, w.kept_activation_bytes, (1, 3), 32, timeout=120)[0] for world in (1, 2)}
+    assert per_layer[1] > 0
+    assert per_layer[2] * 2 == per_layer[1], per_layer
+
+
 @pytest.mark.parametrize("layout,tied", [("dp1", True), ("tp2", False), ("pp2", True)])
 def test_kept_weight_copies_equal_autocast_casting_every_micro_batch(layout, tied):
     world = hs.Layout.parse(layout).world

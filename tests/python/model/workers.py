@@ -376,3 +376,32 @@ def gathered_linear_parity(rank, world, dtype_name, autocast):
                      "dw": w.grad.float().numpy(), "grad_dtypes": (str(x.grad.dtype), str(w.grad.dtype)),
                      "order": order.ops, "kept_rows": sorted({shape[0] for shape in kept if len(shape) == 2})}
     return out
+
+
+def kept_activation_bytes(rank, world, layer_counts, tokens):
+    """Bytes the forward of one pack of ``tokens`` tokens keeps for the backward, per layer,
+    under ``tp{world}`` in bf16 compute: distinct storages saved by autograd that are neither
+    parameters nor their compute copies, the model cut to the two ``layer_counts``, their
+    difference per layer."""
+    kept = {}
+    for layers in layer_counts:
+        cfg = config(num_layers=layers, compute_dtype="bfloat16")
+        layout = hs.Layout.parse(f"tp{world}")
+        model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5)
+        mb = hs.MicroBatch.from_sequences([list(range(1, tokens + 1))])
+        model.forward_backward([mb], 1.0)  # makes the compute copies, kept for the next call
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        weights |= {w.untyped_storage().data_ptr() for _, _, w in model._copies.values()}
+        storages = {}
+
+        def pack(t):
+            s = t.untyped_storage()
+            if s.data_ptr() not in weights:
+                storages[s.data_ptr()] = s.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model.forward_backward([mb], 1.0)
+        kept[layers] = sum(storages.values())
+    low, high = layer_counts
+    return (kept[high] - kept[low]) / (high - low)
