@@ -104,7 +104,7 @@ class PackContext:
 
     def rotary(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` in ``dtype``, cast at the first call and shared by every layer after
-        (both paths of the rotation round the tables to the activations' dtype)."""
+        (the PyTorch path of the rotation takes the tables in the activations' dtype)."""
         if self.cos.dtype == dtype:
             return self.cos, self.sin
         tables = self._rotary.get(dtype)
@@ -223,7 +223,9 @@ class TransformerLayer(nn.Module):
         else:
             x, h = add_norm(x, delta, self.input_norm.weight, self.eps, dtype, kernels)
         qkv = region.linear(h, self.weight("qkv"))
-        q, k, v = rotary_qkv(qkv, *ctx.rotary(qkv.dtype), hq, hkv, kernels)
+        # The fused kernel rounds the fp32 tables to qkv's dtype itself, as the PyTorch path's cast does.
+        cos, sin = (ctx.cos, ctx.sin) if kernels == "triton" else ctx.rotary(qkv.dtype)
+        q, k, v = rotary_qkv(qkv, cos, sin, hq, hkv, kernels)
         if self.recompute_attention and torch.is_grad_enabled():
             o = _recomputed(ctx.attention, q, k, v)
         else:
