@@ -169,7 +169,8 @@ class _Region:
         return scatter_to_sequence(x, self.group, self.size, self.index)
 
     def linear(self, x, weight):
-        """``F.linear(self.gather(x), weight)``, its backward's reduce-scatter overlapped."""
+        """``F.linear(self.gather(x), weight)``, keeping only this rank's slice for the backward,
+        whose collectives run beside its products (``gathered_linear``)."""
         return gathered_linear(x, weight, self.group, self.size, self.index)
 
 
