@@ -8,7 +8,8 @@ Layers. ``LAYERS`` decoder layers of LLaMA-7B's shape (hidden 4096, 32 heads, 32
 FFN 11008) as one rank of a tensor-parallel group holds them: tp1, and the shard shapes of
 tp2, tp4 and tp8 (heads / tp and FFN / tp; the hidden size stays) on one device, without the
 TP collectives. fp32 weights (the runtime's master weights), bf16 compute under autocast,
-the attention kernel ``hotswitch.model.attention.select_kernel`` chooses (one call per layer),
+the attention kernel ``hotswitch.model.attention.select_kernel`` chooses (one call per layer;
+``--attention`` names another; ``attention`` in the RESULT line, per case),
 the fused steps ``hotswitch.model.fused`` chooses (Triton on CUDA), forward and backward of
 the layer stack (``TransformerLayer``, the runtime's own layer).
 Micro-batches: documents drawn at random from ``wikipedia.lengths`` (``--data-dir``), each cut
@@ -49,7 +50,8 @@ warm-up pass over each of them. Random token ids: the time does not depend on th
   and unpacking, which is all a switch does locally. Its seconds over those of one plain
   device copy of the same bytes; the larger of the two directions.
 
-    .venv/bin/python -m benchmarks.gpu [--quick] [--data-dir DIR]
+    .venv/bin/python -m benchmarks.gpu [--quick] [--data-dir DIR] [--tp 1,2] [--budgets 4096]
+                                       [--attention KERNEL]
 """
 
 import argparse
@@ -68,7 +70,7 @@ import hotswitch as hs
 from hotswitch.data import load_lengths
 from hotswitch.distributed import spawn
 from hotswitch.hardware import preset_for_device
-from hotswitch.model.attention import PackAttention, select_kernel
+from hotswitch.model.attention import KERNELS, PackAttention, select_kernel
 from hotswitch.model.fused import select_fused
 from hotswitch.model.init import init_shards
 from hotswitch.model.transformer import PackContext, TransformerLayer
@@ -298,7 +300,7 @@ def _layers(rank, world, spec):
         del shards
         cfg_dtype = getattr(torch, cfg.dtype)
         compute = getattr(torch, cfg.compute_dtype or cfg.dtype)
-        kernel = select_kernel(device, compute, cfg.head_dim)
+        kernel = select_kernel(device, compute, cfg.head_dim, spec["attention"])
         region = _NoCollectives()
         for layer in layers:
             layer.kernels = select_fused(device)
@@ -395,6 +397,8 @@ def main(argv=None):
                              "script/gpu-check --prepare filled it, else ../shared/data)")
     parser.add_argument("--tp", default=None, help=f"tensor-parallel shard shapes, e.g. 1,2 (default "
                                                    f"{','.join(map(str, TPS))})")
+    parser.add_argument("--attention", default=None, choices=KERNELS,
+                        help="the layers' attention kernel (default: select_kernel's choice, logged per case)")
     parser.add_argument("--budgets", default=None, help=f"tokens a micro-batch, e.g. 4096 (default "
                                                         f"{','.join(map(str, BUDGETS))}; --quick: its own)")
     args = parser.parse_args(argv)
@@ -415,7 +419,7 @@ def main(argv=None):
     budgets = chosen_budgets or (QUICK["budgets"] if args.quick else BUDGETS)
     count = QUICK["micro_batches"] if args.quick else MICRO_BATCHES
     spec = {"cuda": cuda, "tps": tps, "budgets": budgets, "model": QUICK["model"] if args.quick else LLAMA_7B,
-            "warmup": QUICK["warmup"] if args.quick else WARMUP,
+            "warmup": QUICK["warmup"] if args.quick else WARMUP, "attention": args.attention,
             "packs": {b: draw_packs(lengths, b, count, seed=b) for b in budgets}}
     backend = "nccl" if cuda else "gloo"
     layers = spawn(1, _layers, spec, timeout=1500.0, pg_timeout=1500.0, backend=backend)[0]
@@ -455,7 +459,8 @@ def main(argv=None):
 
     result = {"device": layers["device"], "device_name": layers["device_name"], "layers": LAYERS,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "reference_tokens_per_s": reference,
-              "vs_reference": vs_reference, "megatron_context": context,
+              "vs_reference": vs_reference, "attention": {k: r["attention"] for k, r in layers["rows"].items()},
+              "megatron_context": context,
               "per_gpu_tokens_per_s": {k: r["per_gpu_tokens_per_s"] for k, r in layers["rows"].items()},
               "switch_over_copy_bound": ratio, "switch_bytes": switch["bytes"],
               "copy_bytes_per_s": switch["copy_bytes_per_s"], "seconds": time.perf_counter() - start}

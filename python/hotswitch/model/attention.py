@@ -11,6 +11,12 @@ layer reuses it) and runs it. The kernels, in the order they are preferred:
     to the bottom right when a sequence has fewer queries than keys) over ``cu_seqlens``:
     CUDA, fp16/bf16, head dimension a multiple of 8 up to 256. Work and memory of the
     per-sequence causal blocks; grouped-query attention natively.
+``varlen``
+    PyTorch's own flash attention over ``cu_seqlens``
+    (``torch.nn.attention.varlen.varlen_attn``, PyTorch 2.10 and later, no other package):
+    the same contract and the same costs as ``flash_attn``, on CUDA devices of compute
+    capability 8.0 or later. No padding, no compilation, and ``[T, h, d]`` in and out (no
+    transposes).
 ``flex``
     FlexAttention (``torch.nn.attention.flex_attention``, CUDA), compiled
     once for dynamic lengths, with a document-causal ``BlockMask``: the blocks outside every sequence are skipped;
@@ -42,6 +48,7 @@ only while ``heads * T^2 <= MASKED_MAX_SCORES[device type]`` and run larger pack
 """
 
 import functools
+import inspect
 import math
 import re
 from typing import Dict, List, Optional
@@ -51,17 +58,19 @@ import torch.nn.functional as F
 
 from hotswitch.logging import get_logger
 
-__all__ = ["CONTEXT_KERNEL_FUNCTIONS", "KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES", "LengthGroups",
-           "PackAttention", "available_kernels", "document_mask", "flex_document_mask", "select_kernel",
-           "varlen_attention"]
+__all__ = ["CONTEXT_KERNEL_FUNCTIONS", "FLASH_KERNELS", "KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES",
+           "LengthGroups", "PackAttention", "available_kernels", "document_mask", "flex_document_mask",
+           "select_kernel", "varlen_attention"]
 
 _log = get_logger("model")
 
-KERNELS = ("flash_attn", "flex", "sdpa", "masked", "grouped")
+KERNELS = ("flash_attn", "varlen", "flex", "sdpa", "masked", "grouped")
+# The kernels with flash-attention's variable-length contract (``_flash_kernel``).
+FLASH_KERNELS = ("flash_attn", "varlen")
 # The module-level function each kernel calls, once per layer (``grouped``: once per
 # distinct length), looked up at call time: wrapping it counts the kernel's calls.
-KERNEL_FUNCTIONS = {"flash_attn": "_flash_kernel", "flex": "_flex_kernel", "sdpa": "_sdpa_kernel",
-                    "masked": "_masked_kernel", "grouped": "_causal_blocks"}
+KERNEL_FUNCTIONS = {"flash_attn": "_flash_kernel", "varlen": "_flash_kernel", "flex": "_flex_kernel",
+                    "sdpa": "_sdpa_kernel", "masked": "_masked_kernel", "grouped": "_causal_blocks"}
 # The same under context parallelism (``hotswitch.model.context.ContextAttention``): ``grouped``
 # there is one call per distinct (length, pieces) shape of a rank's sequences.
 CONTEXT_KERNEL_FUNCTIONS = dict(KERNEL_FUNCTIONS, grouped="_context_blocks")
@@ -89,6 +98,73 @@ def _import_flash():
 
 
 @functools.lru_cache(maxsize=None)
+def _import_varlen():
+    """PyTorch's ``varlen_attn`` with ``flash_attn_varlen_func``'s signature (``causal`` the
+    only keyword), or None where this torch has none. Its keywords changed between
+    releases: 2.10 takes ``is_causal``; later ones ``window_size`` ((-1, 0) is causal, aligned
+    to the bottom right as flash-attn >= 2.1 does) and ``enable_gqa`` for fewer K/V heads."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        causal_mask = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal_mask = {"is_causal": True}
+    else:
+        _log.info("torch.nn.attention.varlen.varlen_attn takes neither window_size nor is_causal: not used")
+        return None
+    gqa = "enable_gqa" in params
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal):
+        if causal is not True:
+            raise ValueError(f"the varlen kernel runs causal attention only, got causal={causal!r}")
+        extra = {"enable_gqa": True} if gqa and q.shape[1] != k.shape[1] else {}
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **causal_mask, **extra)
+
+    return varlen
+
+
+@functools.lru_cache(maxsize=None)
+def _varlen_runs(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether ``varlen`` runs on ``device`` for ``dtype`` and ``head_dim``: once per process
+    and combination, two sequences (3 and 5 tokens, 2 query heads over 1 K/V head) forward and
+    backward against ``sdpa`` with the same mask in fp32, within 2% of the largest value
+    (bf16's rounding). Its keywords changed between releases, so a failure here leaves it out
+    (logged) instead of failing every layer."""
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            error = _varlen_error(device, dtype, head_dim)
+    except Exception as e:  # an API this code does not speak, or a kernel missing for this device
+        _log.warning("attention kernel varlen (torch.nn.attention.varlen) does not run on %s with %s, head dim %d: "
+                     "%s: %s; not used", device, dtype, head_dim, type(e).__name__, e)
+        return False
+    if not error < 2e-2:
+        _log.warning("attention kernel varlen differs from sdpa by %.3g (relative) on %s with %s, head dim %d; "
+                     "not used", error, device, dtype, head_dim)
+        return False
+    return True
+
+
+def _varlen_error(device: torch.device, dtype: torch.dtype, head_dim: int) -> float:
+    """``_varlen_runs``' check: the largest relative error of the output and the gradients."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(8, heads, head_dim, generator=gen).to(device) for heads in (2, 1, 1))
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    ids = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1], device=device)
+    pos = torch.tensor([0, 1, 2, 0, 1, 2, 3, 4], device=device)
+    leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+    out = _flash_kernel(*leaves, cu, cu, 5, 5, "varlen")
+    out.float().square().sum().backward()
+    exact = [x.clone().requires_grad_() for x in (q, k, v)]
+    want = _sdpa_kernel(*exact, document_mask(ids, pos, ids, pos))
+    want.square().sum().backward()
+    return max(float((a.float() - b).abs().max() / b.abs().max().clamp_min(1e-6)) for a, b in
+               [(out, want)] + [(x.grad, y.grad) for x, y in zip(leaves, exact)])
+
+
+@functools.lru_cache(maxsize=None)
 def _import_flex():
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -102,9 +178,12 @@ def available_kernels(device: torch.device, dtype: torch.dtype, head_dim: int) -
     ``head_dim``, most preferred first (always ends with ``masked``, ``grouped``)."""
     out = []
     if device.type == "cuda":
-        if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256 and \
-                _import_flash() is not None:
+        flash_shape = dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
+        if flash_shape and _import_flash() is not None:
             out.append("flash_attn")
+        if flash_shape and torch.cuda.get_device_capability(device)[0] >= 8 and _import_varlen() is not None and \
+                _varlen_runs(torch.device(device), dtype, head_dim):
+            out.append("varlen")
         # FlexAttention's Triton kernels take head dims that are powers of two from 16.
         if head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _import_flex() is not None:
             out.append("flex")
@@ -148,10 +227,12 @@ def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int, prefe
 # _context_blocks) take batches of sequences of one shape, [B, ...].
 
 
-def _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k):
+def _flash_kernel(q, k, v, cu_q, cu_k, max_q, max_k, kernel="flash_attn"):
     """Sequence ``i``'s queries ``q[cu_q[i]:cu_q[i+1]]`` against its keys
-    ``k[cu_k[i]:cu_k[i+1]]``, causal from the bottom right (the last query sees every key)."""
-    return _import_flash()(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    ``k[cu_k[i]:cu_k[i+1]]``, causal from the bottom right (the last query sees every key),
+    by ``kernel`` (one of ``FLASH_KERNELS``)."""
+    varlen = _import_flash() if kernel == "flash_attn" else _import_varlen()
+    return varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
 
 
 _compiled: Dict[str, object] = {}
@@ -283,7 +364,7 @@ class PackAttention:
         if kernel in ("sdpa", "masked") and heads * t * t > _max_scores(torch.device(device)):
             kernel = "grouped"
         self.kernel = kernel
-        if kernel == "flash_attn":
+        if kernel in FLASH_KERNELS:
             self.cu_seqlens = cu.to(device=device, dtype=torch.int32)
             self.max_length = int(lengths.max())
         elif kernel == "grouped":
@@ -313,8 +394,9 @@ class PackAttention:
             raise ValueError(f"attention of a pack of {self.num_tokens} tokens expects q [T, hq, d] and k, v "
                              f"[T, hkv, d] with hkv dividing hq, got {tuple(q.shape)}, {tuple(k.shape)}, "
                              f"{tuple(v.shape)}")
-        if self.kernel == "flash_attn":
-            return _flash_kernel(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_length, self.max_length)
+        if self.kernel in FLASH_KERNELS:
+            return _flash_kernel(q, k, v, self.cu_seqlens, self.cu_seqlens, self.max_length, self.max_length,
+                                 self.kernel)
         if self.kernel == "flex":
             return _flex_kernel(q, k, v, self.block_mask, self.padded, self.padded)
         if self.kernel == "sdpa":

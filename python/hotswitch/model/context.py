@@ -202,8 +202,8 @@ class ContextAttention:
     ``hotswitch.model.attention.KERNELS`` (``select_kernel``'s choice); ``heads``: this rank's
     query heads; ``device``: where q, k, v live. One kernel call per layer, as without cp:
 
-    - ``flash_attn``: each local piece is a sequence of queries against its sequence's
-      prefix, picked out of the gathered K/V (``ContextSplit.varlen_bounds``);
+    - ``flash_attn``, ``varlen``: each local piece is a sequence of queries against its
+      sequence's prefix, picked out of the gathered K/V (``ContextSplit.varlen_bounds``);
     - ``flex``: the local rows against the whole gathered K/V under a ``BlockMask`` of
       ``(sequence, position)``;
     - ``sdpa``, ``masked``: the same as one masked call, while ``heads * rows * cp * rows``
@@ -227,7 +227,7 @@ class ContextAttention:
             kernel = "grouped"
         self.kernel = kernel
         mine = slice(split.cp_rank * rows, (split.cp_rank + 1) * rows)
-        if kernel == "flash_attn":
+        if kernel in attention.FLASH_KERNELS:
             cu_q, cu_k, key_rows, self.max_q, self.max_k = split.varlen_bounds()
             self.cu_q = cu_q.to(device=device, dtype=torch.int32)
             self.cu_k = cu_k.to(device=device, dtype=torch.int32)
@@ -273,10 +273,10 @@ class ContextAttention:
             # still enter it, so its output joins the graph (as a zero).
             return q.new_zeros(q.shape) + kv[:0].sum()
         k_all, v_all = kv[:, :hkv], kv[:, hkv:]
-        if self.kernel == "flash_attn":
+        if self.kernel in attention.FLASH_KERNELS:
             picked = kv.index_select(0, self.key_rows)
             out = attention._flash_kernel(q[:sp.num_local], picked[:, :hkv], picked[:, hkv:], self.cu_q, self.cu_k,
-                                          self.max_q, self.max_k)
+                                          self.max_q, self.max_k, self.kernel)
         elif self.kernel == "flex":
             out = attention._flex_kernel(q, k_all, v_all, self.block_mask, self.padded_q, self.padded_k)
         elif self.kernel == "sdpa":

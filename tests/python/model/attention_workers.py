@@ -56,6 +56,17 @@ def flash_varlen_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, causal):
     return torch.cat(outs)
 
 
+def torch_varlen_stand_in(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                          window_size=(-1, -1), enable_gqa=False):
+    """``torch.nn.attention.varlen.varlen_attn``'s contract (PyTorch 2.11 on), causal only,
+    on any device: what it refuses (fewer K/V heads without ``enable_gqa``) raises as there."""
+    assert return_aux is None and scale is None
+    assert tuple(window_size) == (-1, 0), window_size  # causal from the bottom right
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        raise ValueError("Number of heads in key/value must equal number of heads in query")
+    return flash_varlen_stand_in(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal=True)
+
+
 def flex_stand_ins(block=128):
     """``(create_block_mask, flex_attention)`` with FlexAttention's contract, dense, on any
     device: the mask is ``mask_mod`` evaluated on every (query, key) index pair (lengths

@@ -6,9 +6,16 @@ from tests.python.model import attention_workers as aw
 
 @pytest.fixture
 def stand_ins(monkeypatch):
-    """flash_attn and FlexAttention replaced by dense stand-ins with their contracts
-    (``attention_workers``), so that what this package builds for them (bounds, masks,
-    padding) is checked on the CPU; the real kernels are checked by the ``gpu`` tests."""
+    """flash_attn, PyTorch's varlen_attn and FlexAttention replaced by dense stand-ins with
+    their contracts (``attention_workers``), so that what this package builds for them
+    (bounds, masks, padding, keywords) is checked on the CPU; the real kernels are checked by
+    the ``gpu`` tests."""
+    import torch.nn.attention.varlen
+
     create_block_mask, flex_attention = aw.flex_stand_ins(attention.FLEX_BLOCK)
     monkeypatch.setattr(attention, "_import_flash", lambda: aw.flash_varlen_stand_in)
+    monkeypatch.setattr(torch.nn.attention.varlen, "varlen_attn", aw.torch_varlen_stand_in)
     monkeypatch.setattr(attention, "_compiled_flex", lambda: (create_block_mask, flex_attention))
+    attention._import_varlen.cache_clear()
+    yield
+    attention._import_varlen.cache_clear()

@@ -76,7 +76,7 @@ def test_sdpa_kernel_matches_the_per_sequence_reference(lengths, unbounded):
 
 
 @pytest.mark.parametrize("lengths", PACKS + [[128], [60, 68, 1]], ids=lambda p: f"{len(p)}seqs-{sum(p)}")
-@pytest.mark.parametrize("kernel", ["flash_attn", "flex"])
+@pytest.mark.parametrize("kernel", ["flash_attn", "varlen", "flex"])
 def test_flash_and_flex_packs_match_the_reference_with_stand_in_kernels(kernel, lengths, stand_ins):
     _check_kernel_matches(kernel, CPU, lengths)
 
@@ -99,6 +99,77 @@ def test_flash_attn_is_used_from_2_1_only(monkeypatch, version, used):
         assert (attention._import_flash() is varlen) == used, version
     finally:
         attention._import_flash.cache_clear()
+
+
+def test_varlen_is_offered_only_after_it_matched_sdpa_on_the_device(stand_ins, monkeypatch, caplog):
+    # Its check on the CPU with the stand-in (CUDA runs the same on the device): a kernel that
+    # matches is used; one that raises or computes something else is left out, with a warning.
+    check = attention._varlen_runs.__wrapped__
+    assert check(CPU, torch.bfloat16, 16)
+    varlen_module = sys.modules["torch.nn.attention.varlen"]
+
+    def raises(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False):
+        raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+
+    def reversed_rows(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1),
+                      enable_gqa=False):
+        return aw.torch_varlen_stand_in(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, window_size=window_size,
+                                        enable_gqa=enable_gqa).flip(0)
+
+    for broken, message in ((raises, "does not run"), (reversed_rows, "differs from sdpa")):
+        monkeypatch.setattr(varlen_module, "varlen_attn", broken)
+        attention._import_varlen.cache_clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=hs.get_logger("model").name):
+            assert not check(CPU, torch.bfloat16, 16)
+        assert message in caplog.text, caplog.text
+
+
+def _fake_varlen_module(monkeypatch, varlen_attn):
+    fake = types.ModuleType("torch.nn.attention.varlen")
+    fake.varlen_attn = varlen_attn
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", fake)
+    attention._import_varlen.cache_clear()
+
+
+def test_varlen_speaks_each_releases_keywords(monkeypatch):
+    calls = []
+    try:
+        # 2.10: is_causal, and no enable_gqa.
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None,
+                        scale=None):
+            calls.append({"is_causal": is_causal})
+            return query
+
+        _fake_varlen_module(monkeypatch, varlen_attn)
+        q, kv = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8)
+        cu = torch.tensor([0, 3], dtype=torch.int32)
+        attention._flash_kernel(q, kv, kv, cu, cu, 3, 3, "varlen")
+        assert calls.pop() == {"is_causal": True}
+
+        # Later: window_size (causal is (-1, 0)) and enable_gqa for fewer K/V heads.
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                        window_size=(-1, -1), enable_gqa=False):
+            calls.append({"window_size": window_size, "enable_gqa": enable_gqa})
+            return query
+
+        _fake_varlen_module(monkeypatch, varlen_attn)
+        attention._flash_kernel(q, kv, kv, cu, cu, 3, 3, "varlen")
+        assert calls.pop() == {"window_size": (-1, 0), "enable_gqa": True}
+        attention._flash_kernel(q, q, q, cu, cu, 3, 3, "varlen")
+        assert calls.pop() == {"window_size": (-1, 0), "enable_gqa": False}
+        with pytest.raises(ValueError, match="causal attention only"):
+            attention._import_varlen()(q, q, q, cu, cu, 3, 3, causal=False)
+
+        # A signature it cannot read causality into: not used.
+        _fake_varlen_module(monkeypatch, lambda query, key, value, cu_seq_q, cu_seq_k, max_q, max_k: query)
+        assert attention._import_varlen() is None
+        # A torch without the module (before 2.10): not used.
+        monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", None)
+        attention._import_varlen.cache_clear()
+        assert attention._import_varlen() is None
+    finally:
+        attention._import_varlen.cache_clear()
 
 
 def test_masked_kernel_does_not_repeat_key_value_heads(monkeypatch, unbounded):
@@ -138,7 +209,7 @@ def test_pack_attention_rejects_bad_input():
 def test_select_kernel_prefers_in_order_and_logs_once(monkeypatch):
     kernels = available_kernels(CPU, torch.float32, 16)
     assert kernels[-2:] == ["masked", "grouped"]
-    assert "flash_attn" not in kernels and "flex" not in kernels  # CUDA only
+    assert not {"flash_attn", "varlen", "flex"} & set(kernels)  # CUDA only
     assert kernels[0] == "sdpa"
     monkeypatch.setattr(attention, "_chosen", {})
     records = []
@@ -271,7 +342,8 @@ def test_bf16_compute_keeps_fp32_parameters_and_gradients_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("lengths", PACKS, ids=lambda p: f"{len(p)}seqs")
 def test_cuda_kernels_match_the_per_sequence_reference(lengths, unbounded):
-    """fp32 kernels within 1e-5 (TF32 off); flash_attn, fp16/bf16 only, within bf16 rounding."""
+    """fp32 kernels within 1e-5 (TF32 off); flash_attn and varlen, fp16/bf16 only, within bf16
+    rounding."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     cuda = torch.device("cuda")
@@ -279,8 +351,9 @@ def test_cuda_kernels_match_the_per_sequence_reference(lengths, unbounded):
     assert fp32[-2:] == ["masked", "grouped"]
     for kernel in fp32:
         _check_kernel_matches(kernel, cuda, lengths)
-    if "flash_attn" in available_kernels(cuda, torch.bfloat16, 16):
-        _check_kernel_matches("flash_attn", cuda, lengths, tol=2e-2, dtype=torch.bfloat16)
+    for kernel in ("flash_attn", "varlen"):
+        if kernel in available_kernels(cuda, torch.bfloat16, 16):
+            _check_kernel_matches(kernel, cuda, lengths, tol=2e-2, dtype=torch.bfloat16)
 
 
 @pytest.mark.gpu

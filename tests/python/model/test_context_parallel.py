@@ -235,7 +235,7 @@ def test_context_attention_matches_the_per_sequence_reference(kernel, cp, length
 
 @pytest.mark.parametrize("lengths", CP_PACKS, ids=lambda p: f"{len(p)}seqs-{sum(p)}")
 @pytest.mark.parametrize("cp", [2, 4])
-@pytest.mark.parametrize("kernel", ["flash_attn", "flex"])
+@pytest.mark.parametrize("kernel", ["flash_attn", "varlen", "flex"])
 def test_context_attention_flash_and_flex_paths_with_stand_in_kernels(kernel, cp, lengths, stand_ins):
     _check_context_kernel(kernel, cp, lengths)
 
@@ -260,7 +260,7 @@ def test_context_parallel_runs_one_kernel_call_per_layer_for_64_distinct_lengths
 @pytest.mark.parametrize("lengths", CP_PACKS, ids=lambda p: f"{len(p)}seqs-{sum(p)}")
 def test_cuda_context_kernels_match_the_per_sequence_reference(lengths, monkeypatch):
     """Every CUDA kernel under cp2 and cp4: fp32 ones within 1e-5 (TF32 off), head dim 16;
-    flash_attn (fp16/bf16 only) in bf16 within bf16 rounding."""
+    flash_attn and varlen (fp16/bf16 only) in bf16 within bf16 rounding."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     monkeypatch.setitem(attention.MASKED_MAX_SCORES, "cuda", 1 << 40)
@@ -268,8 +268,9 @@ def test_cuda_context_kernels_match_the_per_sequence_reference(lengths, monkeypa
     for cp in (2, 4):
         for kernel in attention.available_kernels(cuda, torch.float32, 16):
             _check_context_kernel(kernel, cp, lengths, device=cuda)
-        if "flash_attn" in attention.available_kernels(cuda, torch.bfloat16, 16):
-            _check_context_kernel("flash_attn", cp, lengths, device=cuda, tol=2e-2, dtype=torch.bfloat16)
+        for kernel in attention.FLASH_KERNELS:
+            if kernel in attention.available_kernels(cuda, torch.bfloat16, 16):
+                _check_context_kernel(kernel, cp, lengths, device=cuda, tol=2e-2, dtype=torch.bfloat16)
 
 
 def test_varlen_bounds_give_each_piece_its_sequence_prefix():
