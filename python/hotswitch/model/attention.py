@@ -129,12 +129,12 @@ def _import_varlen():
 @functools.lru_cache(maxsize=None)
 def _varlen_runs(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether ``varlen`` runs on ``device`` for ``dtype`` and ``head_dim``: once per process
-    and combination, two sequences (3 and 5 tokens, 2 query heads over 1 K/V head) forward and
-    backward against ``sdpa`` with the same mask in fp32, within 2% of the largest value
-    (bf16's rounding). Its keywords changed between releases, so a failure here leaves it out
-    (logged) instead of failing every layer."""
+    and combination, two sequences (3 and 5 tokens, 2 query heads over 1 K/V head; all their
+    queries, then their last few) forward and backward against ``sdpa`` with the same mask in
+    fp32, within 2% of the largest value (bf16's rounding). Its keywords changed between
+    releases, so a failure here leaves it out (logged) instead of failing every layer."""
     try:
-        with torch.inference_mode(False), torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
             error = _varlen_error(device, dtype, head_dim)
     except Exception as e:  # an API this code does not speak, or a kernel missing for this device
         _log.warning("attention kernel varlen (torch.nn.attention.varlen) does not run on %s with %s, head dim %d: "
@@ -148,20 +148,27 @@ def _varlen_runs(device: torch.device, dtype: torch.dtype, head_dim: int) -> boo
 
 
 def _varlen_error(device: torch.device, dtype: torch.dtype, head_dim: int) -> float:
-    """``_varlen_runs``' check: the largest relative error of the output and the gradients."""
+    """``_varlen_runs``' check: the largest relative error of the outputs and the gradients,
+    for whole sequences and for fewer queries than keys (context parallelism's pieces, causal
+    from the bottom right)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(8, heads, head_dim, generator=gen).to(device) for heads in (2, 1, 1))
-    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    q, k, v = (torch.randn(8, heads, head_dim, generator=gen, device="cpu").to(device) for heads in (2, 1, 1))
     ids = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1], device=device)
     pos = torch.tensor([0, 1, 2, 0, 1, 2, 3, 4], device=device)
-    leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)]
-    out = _flash_kernel(*leaves, cu, cu, 5, 5, "varlen")
-    out.float().square().sum().backward()
-    exact = [x.clone().requires_grad_() for x in (q, k, v)]
-    want = _sdpa_kernel(*exact, document_mask(ids, pos, ids, pos))
-    want.square().sum().backward()
-    return max(float((a.float() - b).abs().max() / b.abs().max().clamp_min(1e-6)) for a, b in
-               [(out, want)] + [(x.grad, y.grad) for x, y in zip(leaves, exact)])
+    cu_k = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    errors = []
+    # Every query; then the last 2 of sequence 0 and the last 3 of sequence 1.
+    for rows, cu_q, max_q in ((slice(None), cu_k, 5), ([1, 2, 5, 6, 7], torch.tensor([0, 2, 5], dtype=torch.int32,
+                                                                                     device=device), 3)):
+        leaves = [x.to(dtype).requires_grad_() for x in (q[rows], k, v)]
+        out = _flash_kernel(*leaves, cu_q, cu_k, max_q, 5, "varlen")
+        out.float().square().sum().backward()
+        exact = [x.clone().requires_grad_() for x in (q[rows], k, v)]
+        want = _sdpa_kernel(*exact, document_mask(ids[rows], pos[rows], ids, pos))
+        want.square().sum().backward()
+        errors += [float((a.float() - b).abs().max() / b.abs().max().clamp_min(1e-6)) for a, b in
+                   [(out, want)] + [(x.grad, y.grad) for x, y in zip(leaves, exact)]]
+    return max(errors)
 
 
 @functools.lru_cache(maxsize=None)

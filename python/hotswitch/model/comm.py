@@ -90,22 +90,23 @@ def _all_gather_async(x: torch.Tensor, group, size: int):
 
 
 class _GatheredLinear(torch.autograd.Function):
-    """``all_gather_rows(x)``, cast to ``dtype`` (autocast's, or None), ``@ weight.T``.
+    """``all_gather_rows(x)`` in ``dtype`` (autocast's, or None: ``x``'s own) ``@ weight.T``.
 
-    Only ``x``, this rank's slice, stays for the backward (not the gathered rows: a ``tp``-th
-    of the bytes). Backward: the gather of ``x`` again, posted first and run while the input
+    ``x`` is cast before the gather (the same rows as casting after: a gather copies), and
+    only that cast slice stays for the backward (not the gathered rows: a ``tp``-th of the
+    bytes). Backward: the gather of the slice again, posted first and run while the input
     gradient ``g @ weight`` is computed; that gradient, cast back to ``x``'s dtype, posted to
     its reduce-scatter and run while the weight gradient ``g.T @ gathered`` is computed. The
     same products of the same operands as ``F.linear``'s backward, so the same gradients."""
 
     @staticmethod
     def forward(ctx, x, weight, group, size, index, dtype):
-        gathered = all_gather_rows(x, group, size)
+        ctx.x_dtype = x.dtype
         if dtype is not None:
-            gathered = gathered.to(dtype)
+            x = x.to(dtype)
         ctx.save_for_backward(x, weight)
-        ctx.group, ctx.size, ctx.index, ctx.dtype = group, size, index, dtype
-        return F.linear(gathered, weight)
+        ctx.group, ctx.size, ctx.index = group, size, index
+        return F.linear(all_gather_rows(x, group, size), weight)
 
     @staticmethod
     def backward(ctx, grad):
@@ -114,14 +115,11 @@ class _GatheredLinear(torch.autograd.Function):
         gathered = gather = None
         if need_dw:
             gathered, gather = _all_gather_async(x, ctx.group, ctx.size)
-        dx = scatter = None
+        dx = scatter = dw = None
         if need_dx:
-            dx = grad.matmul(weight).to(x.dtype)
-        dw = None
+            dx = grad.matmul(weight).to(ctx.x_dtype)
         if need_dw:
-            gather.wait()
-            if ctx.dtype is not None:
-                gathered = gathered.to(ctx.dtype)
+            gather.wait()  # before the next collective is posted: one in flight at a time
         if need_dx:
             dx, scatter = reduce_scatter_rows(dx, ctx.group, ctx.size, ctx.index, async_op=True)
         if need_dw:
@@ -135,9 +133,9 @@ def gathered_linear(x: torch.Tensor, weight: torch.Tensor, group, size: int, ind
     """``F.linear(gather_from_sequence(x, ...), weight)``: the whole pack's rows of a
     column-parallel matrix product from this rank's sequence-parallel slice, keeping only
     the slice for the backward, whose collectives run beside its products (``_GatheredLinear``).
-    Under autocast the operands are cast to its dtype as ``F.linear`` would cast them: the
-    weight before, the rows after the gather (so the gather and the reduce-scatter move
-    ``x``'s dtype)."""
+    Under autocast the operands are cast to its dtype as ``F.linear`` would cast them (the
+    rows before the gather, so it moves the narrower dtype); the input gradient returns, and
+    is reduce-scattered, in ``x``'s dtype."""
     if group is None:
         return F.linear(x, weight)
     kind, dtype = x.device.type, None

@@ -3,6 +3,7 @@
 import collections
 import math
 
+import pytest
 import torch
 
 import hotswitch as hs
@@ -54,6 +55,18 @@ def flash_varlen_stand_in(q, k, v, cu_q, cu_k, max_q, max_k, causal):
         probs = scores.masked_fill(future.to(q.device), float("-inf")).softmax(-1)
         outs.append(torch.einsum("hqk,khd->qhd", probs, vs))
     return torch.cat(outs)
+
+
+try:
+    import torch.nn.attention.varlen as TORCH_VARLEN  # PyTorch >= 2.10
+except ImportError:
+    TORCH_VARLEN = None
+
+
+def needs_torch_varlen(kernel):
+    """Skips a ``varlen`` case on a PyTorch without ``torch.nn.attention.varlen``."""
+    if kernel == "varlen" and TORCH_VARLEN is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen (2.10 and later)")
 
 
 def torch_varlen_stand_in(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,

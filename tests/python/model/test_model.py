@@ -250,24 +250,37 @@ def test_dead_pipeline_stage_raises_instead_of_hanging(mode):
 
 
 
-@pytest.mark.parametrize("dtype,autocast", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
-def test_gathered_linear_equals_the_gather_then_linear_keeping_only_the_slice_and_overlapping_its_backward(dtype, autocast):
-    for rank, out in enumerate(run_world(2, w.gathered_linear_parity, dtype, autocast, timeout=120)):
+# The backward's collectives and products, in order, by the leaves that need gradients.
+_GATHERED_ORDER = {"xw": ["c10d._allgather_base_", "aten.mm", "c10d._reduce_scatter_base_", "aten.mm"],
+                   "x": ["aten.mm", "c10d._reduce_scatter_base_"], "w": ["c10d._allgather_base_", "aten.mm"]}
+_COMPOSED_ORDER = {"xw": ["aten.mm", "aten.mm", "c10d._reduce_scatter_base_"],
+                   "x": ["aten.mm", "c10d._reduce_scatter_base_"], "w": ["aten.mm"]}
+
+
+@pytest.mark.parametrize("dtype,autocast,needs", [("float32", False, "xw"), ("bfloat16", False, "xw"),
+                                                  ("bfloat16", True, "xw"), ("bfloat16", True, "x"),
+                                                  ("float32", False, "w")])
+def test_gathered_linear_equals_the_gather_then_linear_keeping_only_the_slice_and_overlapping_its_backward(
+        dtype, autocast, needs):
+    for rank, out in enumerate(run_world(2, w.gathered_linear_parity, dtype, autocast, needs, timeout=120)):
         fused, composed = out["fused"], out["composed"]
         # The same products of the same operands: bit for bit, in fp32 and bf16, under autocast too.
-        for key in ("y", "dx", "dw"):
-            np.testing.assert_array_equal(fused[key], composed[key], err_msg=f"rank {rank} {key}")
+        for key, missing in (("y", False), ("dx", "x" not in needs), ("dw", "w" not in needs)):
+            assert (fused[key] is None) == (composed[key] is None) == missing, key
+            if fused[key] is not None:
+                np.testing.assert_array_equal(fused[key], composed[key], err_msg=f"rank {rank} {key}")
         assert fused["y_dtype"] == composed["y_dtype"] == f"torch.{dtype}"
         assert fused["grad_dtypes"] == composed["grad_dtypes"]
-        # Only this rank's 6 rows (and the 24-row weight shard) stay for the backward, which
-        # gathers them again before the input gradient's product and posts that gradient's
-        # reduce-scatter before the weight gradient's product; the gather then F.linear keeps
-        # the 12 gathered rows and reduce-scatters after both products.
-        assert fused["kept_rows"] == [6, 24], fused["kept_rows"]
-        assert 12 in composed["kept_rows"], composed["kept_rows"]
-        assert fused["order"] == ["c10d._allgather_base_", "aten.mm", "c10d._reduce_scatter_base_", "aten.mm"], \
-            fused["order"]
-        assert composed["order"] == ["aten.mm", "aten.mm", "c10d._reduce_scatter_base_"], composed["order"]
+        # The backward gathers this rank's slice again before the input gradient's product and
+        # posts that gradient's reduce-scatter before the weight gradient's product; the gather
+        # then F.linear reduce-scatters after both products.
+        assert fused["order"] == _GATHERED_ORDER[needs], fused["order"]
+        assert composed["order"] == _COMPOSED_ORDER[needs], composed["order"]
+        if needs == "xw":
+            # Only this rank's 6 rows (and the 24-row weight shard) stay for the backward; the
+            # gather then F.linear keeps the 12 gathered rows.
+            assert fused["kept_rows"] == [6, 24], fused["kept_rows"]
+            assert 12 in composed["kept_rows"], composed["kept_rows"]
 
 
 def test_what_a_layer_keeps_for_the_backward_is_split_over_tp():

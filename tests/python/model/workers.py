@@ -329,11 +329,12 @@ def compute_copies_parity(rank, world, layout_name, tied):
     return out
 
 
-def gathered_linear_parity(rank, world, dtype_name, autocast):
+def gathered_linear_parity(rank, world, dtype_name, autocast, needs):
     """A column-parallel product of the sequence-parallel slices, through ``gathered_linear``
-    and through the gather followed by ``F.linear``: outputs, gradients, the row counts of
-    what the forward keeps for the backward, and the order of the backward's collectives and
-    products (per path)."""
+    and through the gather followed by ``F.linear``, with gradients for the leaves named in
+    ``needs`` (``"x"``, ``"w"``): outputs, gradients (None where not needed), the row counts
+    of what the forward keeps for the backward, and the order of the backward's collectives
+    and products (per path)."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -363,8 +364,8 @@ def gathered_linear_parity(rank, world, dtype_name, autocast):
     out = {}
     for name, fn in paths.items():
         leaf_dtype = torch.float32 if autocast else dtype
-        x = x_all[rank * rows:(rank + 1) * rows].to(leaf_dtype).requires_grad_()
-        w = w_all[rank * n:(rank + 1) * n].to(leaf_dtype).requires_grad_()
+        x = x_all[rank * rows:(rank + 1) * rows].to(leaf_dtype).requires_grad_("x" in needs)
+        w = w_all[rank * n:(rank + 1) * n].to(leaf_dtype).requires_grad_("w" in needs)
         kept = []
         with torch.autocast("cpu", dtype=dtype, enabled=autocast), \
                 torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(tuple(t.shape)) or t, lambda t: t):
@@ -372,8 +373,10 @@ def gathered_linear_parity(rank, world, dtype_name, autocast):
         order = Order()
         with order:
             y.backward(g_all[:, rank * n:(rank + 1) * n].to(y.dtype))
-        out[name] = {"y": y.detach().float().numpy(), "y_dtype": str(y.dtype), "dx": x.grad.float().numpy(),
-                     "dw": w.grad.float().numpy(), "grad_dtypes": (str(x.grad.dtype), str(w.grad.dtype)),
+        grads = {"dx": x.grad, "dw": w.grad}
+        out[name] = {"y": y.detach().float().numpy(), "y_dtype": str(y.dtype),
+                     **{k: None if g is None else g.float().numpy() for k, g in grads.items()},
+                     "grad_dtypes": [None if g is None else str(g.dtype) for g in grads.values()],
                      "order": order.ops, "kept_rows": sorted({shape[0] for shape in kept if len(shape) == 2})}
     return out
 
