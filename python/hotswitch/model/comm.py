@@ -39,14 +39,16 @@ def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
     return x
 
 
-def all_gather_rows(x: torch.Tensor, group, size: int) -> torch.Tensor:
-    """``[n, ...]`` on each rank -> ``[size * n, ...]``, the ranks' rows in group-rank order."""
+def all_gather_rows(x: torch.Tensor, group, size: int, async_op: bool = False):
+    """``[n, ...]`` on each rank -> ``[size * n, ...]``, the ranks' rows in group-rank order.
+    With ``async_op``: ``(rows, work)``, the rows valid once ``work.wait()`` returns (``work``
+    None for no group)."""
     if group is None:
-        return x
+        return (x, None) if async_op else x
     x = x.contiguous()
     out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    _gather_single(out, x, group=group)
-    return out
+    work = _gather_single(out, x, group=group, async_op=async_op)
+    return (out, work) if async_op else out
 
 
 def reduce_scatter_rows(x: torch.Tensor, group, size: int, index: int, async_op: bool = False):
@@ -82,13 +84,6 @@ class _ScatterToSequence(torch.autograd.Function):
         return all_gather_rows(grad, ctx.group, ctx.size), None, None, None
 
 
-def _all_gather_async(x: torch.Tensor, group, size: int):
-    """``all_gather_rows`` posted without waiting: ``(rows, work)``."""
-    x = x.contiguous()
-    out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    return out, _gather_single(out, x, group=group, async_op=True)
-
-
 class _GatheredLinear(torch.autograd.Function):
     """``all_gather_rows(x)`` in ``dtype`` (autocast's, or None: ``x``'s own) ``@ weight.T``.
 
@@ -114,7 +109,7 @@ class _GatheredLinear(torch.autograd.Function):
         need_dx, need_dw = ctx.needs_input_grad[:2]
         gathered = gather = None
         if need_dw:
-            gathered, gather = _all_gather_async(x, ctx.group, ctx.size)
+            gathered, gather = all_gather_rows(x, ctx.group, ctx.size, async_op=True)
         dx = scatter = dw = None
         if need_dx:
             dx = grad.matmul(weight).to(ctx.x_dtype)
