@@ -7,7 +7,10 @@ figures, never GPU ones).
 Layers. ``LAYERS`` decoder layers of LLaMA-7B's shape (hidden 4096, 32 heads, 32 K/V heads,
 FFN 11008) as one rank of a tensor-parallel group holds them: tp1, and the shard shapes of
 tp2, tp4 and tp8 (heads / tp and FFN / tp; the hidden size stays) on one device, without the
-TP collectives. fp32 weights (the runtime's master weights), bf16 compute under autocast,
+TP collectives. fp32 weights (the runtime's master weights), bf16 compute under autocast
+with the runtime's bf16 copies of the matrix weights (made once a pass over the micro-batches,
+as the model makes them once a step, their gradients added into the fp32 ``.grad`` at every
+micro-batch: ``TransformerLayer.use_compute_copies``),
 the attention kernel ``hotswitch.model.attention.select_kernel`` chooses (one call per layer;
 ``--attention`` names another; ``attention`` in the RESULT line, per case),
 the fused steps ``hotswitch.model.fused`` chooses (Triton on CUDA), forward and backward of
@@ -315,6 +318,9 @@ def _layers(rank, world, spec):
             grads = [torch.randn(ctx.num_tokens, cfg.hidden_size, device=device) for ctx in contexts]
 
             def step(i):
+                if i == 0:  # once a step of len(contexts) micro-batches, as the model refreshes them
+                    for layer in layers:
+                        layer.use_compute_copies()
                 x = torch.randn(contexts[i].num_tokens, cfg.hidden_size, device=device, requires_grad=True)
                 with torch.autocast(device.type, dtype=compute) if compute != cfg_dtype else contextlib.nullcontext():
                     y, delta = x, None

@@ -24,7 +24,7 @@ from hotswitch.model.fused import add_norm, cross_entropy, norm, rotary_qkv, sel
 from hotswitch.model.layers import Shard, rotary_tables, vocab_parallel_embedding
 from hotswitch.model.pipeline import StageFunctions, run_1f1b
 
-__all__ = ["RECOMPUTE_GRANULARITIES", "ParallelTransformer", "TransformerLayer", "PackContext"]
+__all__ = ["RECOMPUTE_GRANULARITIES", "ParallelTransformer", "TransformerLayer", "PackContext", "compute_copy"]
 
 _log = get_logger("model")
 
@@ -40,6 +40,17 @@ def _add_grad_into(param: torch.Tensor, copy: torch.Tensor) -> None:
     else:
         param.grad.add_(copy.grad)
     copy.grad = None
+
+def compute_copy(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A leaf copy of ``param`` in ``dtype`` (the compute dtype) for matrix products: once a
+    micro-batch's gradient has accumulated into it, that gradient is added into ``param.grad``
+    (in ``param``'s dtype) and dropped, as autocast's cast would have passed it back."""
+    with torch.no_grad():
+        w = param.detach().to(dtype)
+    w.requires_grad_()
+    w.register_post_accumulate_grad_hook(functools.partial(_add_grad_into, param))
+    return w
+
 
 # Megatron-LM's --recompute-granularity, and no recomputation.
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
@@ -197,6 +208,15 @@ class TransformerLayer(nn.Module):
         self.kernels = "torch"
         # The matrix weights in the compute dtype for the current call (see ParallelTransformer).
         self.compute_weights: Dict[str, torch.Tensor] = {}
+
+    def use_compute_copies(self) -> None:
+        """Computes with fresh compute-dtype copies of the matrix weights (``compute_copy``:
+        their gradients reach the parameters' ``.grad``) until ``compute_weights`` is emptied,
+        instead of autocast's cast of every weight at every call. A no-op when the parameters
+        are in the compute dtype already. ``ParallelTransformer`` keeps its own copies between
+        calls; this is for a layer run by itself."""
+        self.compute_weights = {part: compute_copy(getattr(self, part).weight, self.compute_dtype)
+                                for part in _MATRICES if getattr(self, part).weight.dtype != self.compute_dtype}
 
     def weight(self, part: str) -> torch.Tensor:
         """The weight of ``part`` to compute with: its compute-dtype copy during a call that
@@ -466,10 +486,7 @@ class ParallelTransformer(nn.Module):
                 w = kept[2]
                 w.grad = None  # nothing of a call that failed half-way
                 return w
-            with torch.no_grad():
-                w = p.detach().to(self.compute_dtype)
-            w.requires_grad_()
-            w.register_post_accumulate_grad_hook(functools.partial(_add_grad_into, p))
+            w = compute_copy(p, self.compute_dtype)
             self._copies[key] = (p.detach(), p._version, w)
             return w
 

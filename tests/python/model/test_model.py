@@ -304,3 +304,51 @@ def test_kept_weight_copies_equal_autocast_casting_every_micro_batch(layout, tie
         assert grads.keys() == ref_grads.keys()
         for name in grads:
             np.testing.assert_array_equal(grads[name], ref_grads[name], err_msg=f"rank {rank} {name}")
+
+
+def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_weights():
+    # TransformerLayer.use_compute_copies (benchmarks.gpu's layers): bf16 copies of the four
+    # matrices, their gradients added into the fp32 .grad; bit for bit autocast's casts, over
+    # two micro-batches that accumulate.
+    from hotswitch.model.init import init_shards
+    from hotswitch.model.transformer import PackContext, TransformerLayer
+
+    torch.manual_seed(0)
+    cfg = hs.TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                               ffn_hidden_size=96, vocab_size=128, max_position_embeddings=64,
+                               compute_dtype="bfloat16")
+    shards = init_shards(cfg, hs.Layout(), 0, 3, torch.device("cpu"))
+
+    class Alone:
+        def gather(self, x):
+            return x
+
+        def scatter(self, x):
+            return x
+
+        def linear(self, x, weight):
+            return torch.nn.functional.linear(x, weight)
+
+    mbs = [hs.MicroBatch.from_sequences([torch.randint(0, 128, (n,)) for n in lengths]) for lengths in ((5, 11), (16,))]
+    inputs = [torch.randn(mb.num_tokens, cfg.hidden_size) for mb in mbs]
+    runs = {}
+    for copies in (False, True):
+        layer = TransformerLayer(cfg, 1, {k: v.clone() for k, v in shards.items()}, "layers.0.")
+        if copies:
+            layer.use_compute_copies()
+            assert {k: v.dtype for k, v in layer.compute_weights.items()} == \
+                {k: torch.bfloat16 for k in ("qkv", "proj", "gate_up", "down")}
+        outs = []
+        for mb, x in zip(mbs, inputs):
+            ctx = PackContext(mb, cfg, 1, torch.device("cpu"), "grouped")
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = layer(x.clone().requires_grad_(), ctx, Alone())
+            (y.float() ** 2).sum().backward()
+            outs.append(y.detach())
+        runs[copies] = outs, {n: p.grad.clone() for n, p in layer.named_parameters()}
+    (outs, grads), (ref_outs, ref_grads) = runs[True], runs[False]
+    for a, b in zip(outs, ref_outs):
+        assert torch.equal(a, b)
+    assert grads.keys() == ref_grads.keys() and all(g.dtype == torch.float32 for g in grads.values())
+    for name in grads:
+        assert torch.equal(grads[name], ref_grads[name]), name
