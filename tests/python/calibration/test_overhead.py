@@ -103,3 +103,23 @@ def test_counts_the_operators_of_one_layer_forward_and_backward():
         count_layer_ops(cfg, layer_counts=(2, 2))
     with pytest.raises(ValueError, match="tokens"):
         count_layer_ops(cfg, tokens=33)
+
+
+def test_the_fitted_overhead_follows_a_fixed_cost_added_to_every_layer():
+    # The fit puts a layer's fixed cost per micro-batch into layer_overhead_seconds, not into
+    # the per-token terms: 5 ms more per layer moves the intercept by about 5 ms, whatever the
+    # code's own costs (so a faster runtime is seen as such once it is measured again).
+    from hotswitch.testing.harness import run_world
+
+    from tests.python.calibration import overhead_workers
+
+    tokens, layers, added = [8, 64, 256], [1, 3], 0.005
+    spec = {"config": hs.TransformerConfig(**TINY), "token_counts": tokens, "layer_counts": layers, "repeats": 3,
+            "warmup": 1, "backend": "gloo"}
+    fits = {}
+    for seconds in (0.0, added):
+        timed = run_world(1, overhead_workers.timings_with_a_fixed_cost, spec, seconds, timeout=300)[0]
+        per_layer = [(b - a) / 2 for a, b in zip(timed[1], timed[3])]
+        fits[seconds] = fit_layer_seconds(tokens, per_layer)
+    moved = fits[added][0] - fits[0.0][0]
+    assert moved == pytest.approx(added, rel=0.35), fits  # seen: +4.2 to +4.5 ms for 4 ms of sleep
