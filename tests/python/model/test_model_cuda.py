@@ -21,3 +21,11 @@ def test_model_forward_backward_on_cuda_matches_cpu():
     assert cpu_grads.keys() == gpu_grads.keys()
     for name in cpu_grads:
         np.testing.assert_allclose(gpu_grads[name], cpu_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_micro_batch_runs_its_layers_and_loss_without_the_host_waiting_for_the_device():
+    # Once a pack's context is built, nothing in the forward, the backward or the loss makes the
+    # host wait for the device (an .item(), a copy to the host, a data-dependent shape), so
+    # the host can queue the next layers' kernels while the device runs the current ones.
+    attention, fused, error = run_world(1, w.host_waits_of_a_micro_batch, backend="nccl", timeout=300)[0]
+    assert error is None, f"{attention} attention, {fused} steps: {error}"
