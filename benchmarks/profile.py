@@ -146,7 +146,7 @@ def main(argv=None):
                 with open(os.path.join(scratch, f"{name}.json"), "rb") as f, \
                         gzip.open(os.path.join(args.trace, f"{name}.json.gz"), "wb") as g:
                     shutil.copyfileobj(f, g)
-            print(f"traces: {os.path.join(args.trace, 'ours.json.gz')}, {os.path.join(args.trace, 'reference.json.gz')}")
+            print(f"traces: {', '.join(os.path.join(args.trace, n + '.json.gz') for n in ('ours', 'reference'))}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"device: {out['device']} ({out['device_name']}); model hidden {model['hidden_size']}, "

@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from hotswitch.logging import get_logger
+from hotswitch.model.batch import to_device
 
 __all__ = ["CONTEXT_KERNEL_FUNCTIONS", "FLASH_KERNELS", "KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES",
            "LengthGroups", "PackAttention", "available_kernels", "document_mask", "flex_document_mask",
@@ -343,7 +344,7 @@ class LengthGroups:
         distinct, counts = torch.unique_consecutive(by_length, return_counts=True)
         firsts = starts[order].split(counts.tolist())
         self.groups: List[torch.Tensor] = [
-            (first[:, None] + torch.arange(n, dtype=torch.int64)).to(device)
+            to_device(first[:, None] + torch.arange(n, dtype=torch.int64), device)
             for n, first in zip(distinct.tolist(), firsts)]
         flat = torch.cat([g.reshape(-1) for g in self.groups])
         self.inverse = torch.empty_like(flat)
@@ -372,15 +373,15 @@ class PackAttention:
             kernel = "grouped"
         self.kernel = kernel
         if kernel in FLASH_KERNELS:
-            self.cu_seqlens = cu.to(device=device, dtype=torch.int32)
+            self.cu_seqlens = to_device(cu, device, torch.int32)
             self.max_length = int(lengths.max())
         elif kernel == "grouped":
             self.groups = LengthGroups(lengths, device)
         else:
             padded = -(-t // FLEX_BLOCK) * FLEX_BLOCK if kernel == "flex" else t
             # The padding of a flex pack is one more sequence, dropped from the output.
-            ids = torch.repeat_interleave(torch.arange(self.num_sequences + 1, dtype=torch.int64),
-                                          torch.cat([lengths, torch.tensor([padded - t])])).to(device)
+            ids = to_device(torch.repeat_interleave(torch.arange(self.num_sequences + 1, dtype=torch.int64),
+                                                    torch.cat([lengths, torch.tensor([padded - t])])), device)
             index = torch.arange(padded, device=device)
             if kernel == "flex":
                 self.padded = padded

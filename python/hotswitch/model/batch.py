@@ -5,7 +5,22 @@ from typing import List, Sequence
 
 import torch
 
-__all__ = ["MicroBatch", "split_replicas", "count_targets"]
+__all__ = ["MicroBatch", "split_replicas", "count_targets", "to_device"]
+
+
+def to_device(t: torch.Tensor, device, dtype=None) -> torch.Tensor:
+    """``t``, built on the host, on ``device`` (and in ``dtype`` when given). On CUDA the copy
+    goes through pinned memory without blocking: a copy from pageable memory synchronises the
+    stream, so building a pack's tensors would wait for all the work queued before it (the
+    last step's optimizer, say) and leave the device idle while the rest is built. Pinned
+    blocks come from PyTorch's caching host allocator, which keeps each until its copy is
+    done. Elsewhere it is ``t.to(device)`` (``t`` itself when it is there already)."""
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclasses.dataclass

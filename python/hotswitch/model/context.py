@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from hotswitch import _C
 import hotswitch.model.attention as attention
+from hotswitch.model.batch import to_device
 
 __all__ = ["CP_MIN_CHUNK", "ContextSplit", "ContextAttention", "split_pieces", "split_sequences"]
 
@@ -229,9 +230,9 @@ class ContextAttention:
         mine = slice(split.cp_rank * rows, (split.cp_rank + 1) * rows)
         if kernel in attention.FLASH_KERNELS:
             cu_q, cu_k, key_rows, self.max_q, self.max_k = split.varlen_bounds()
-            self.cu_q = cu_q.to(device=device, dtype=torch.int32)
-            self.cu_k = cu_k.to(device=device, dtype=torch.int32)
-            self.key_rows = key_rows.to(device)
+            self.cu_q = to_device(cu_q, device, torch.int32)
+            self.cu_k = to_device(cu_k, device, torch.int32)
+            self.key_rows = to_device(key_rows, device)
         elif kernel == "flex":
             # Both sides padded to the block size; every padding query sees one padding key
             # of its own (extra key rows after the gathered ones).
@@ -243,20 +244,20 @@ class ContextAttention:
             k_pos = torch.cat([split.row_positions, torch.zeros(extra.numel(), dtype=torch.int64)])
             q_ids = torch.cat([split.row_ids[mine], extra[:self.padded_q - rows]])
             q_pos = torch.cat([split.row_positions[mine], torch.zeros(self.padded_q - rows, dtype=torch.int64)])
-            self.block_mask = attention.flex_document_mask(*(x.to(device) for x in (q_ids, q_pos, k_ids, k_pos)),
-                                                           device)
+            self.block_mask = attention.flex_document_mask(
+                *(to_device(x, device) for x in (q_ids, q_pos, k_ids, k_pos)), device)
         elif kernel in ("sdpa", "masked"):
-            allowed = attention.document_mask(split.row_ids[mine], split.row_positions[mine], split.row_ids,
-                                               split.row_positions).to(device)
+            allowed = to_device(attention.document_mask(split.row_ids[mine], split.row_positions[mine], split.row_ids,
+                                                         split.row_positions), device)
             if kernel == "sdpa":
                 self.allowed = allowed
             else:
                 self.blocked = ~allowed
         else:
             groups, inverse = split.shape_groups()
-            self.groups = [(queries.to(device), keys.to(device), (~allowed).to(device))
+            self.groups = [(to_device(queries, device), to_device(keys, device), to_device(~allowed, device))
                            for queries, keys, allowed in groups]
-            self.inverse = inverse.to(device)
+            self.inverse = to_device(inverse, device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q`` ``[rows, hq, d]``, ``k``/``v`` ``[rows, hkv, d]`` (this rank's rows) ->

@@ -13,7 +13,7 @@ import torch.utils.checkpoint
 from hotswitch import _C
 from hotswitch.logging import get_logger
 from hotswitch.model.attention import PackAttention, select_kernel
-from hotswitch.model.batch import MicroBatch
+from hotswitch.model.batch import MicroBatch, to_device
 from hotswitch.model.comm import (all_gather_rows, all_reduce, exchange, gather_from_sequence,
                                   gathered_linear, reduce_scatter_rows, scatter_to_sequence)
 from hotswitch.model.config import TransformerConfig
@@ -106,10 +106,10 @@ class PackContext:
         weights = torch.zeros(padded, dtype=torch.float32)
         weights[:n] = 1.0
         weights[mb.cu_seqlens[1:] - 1] = 0.0  # the last token of each sequence
-        self.tokens = tokens.to(device)
-        self.targets = targets.to(device)
-        self.weights = weights.to(device)
-        self.cos, self.sin = rotary_tables(positions.to(device), config.head_dim, config.rope_theta,
+        self.tokens = to_device(tokens, device)
+        self.targets = to_device(targets, device)
+        self.weights = to_device(weights, device)
+        self.cos, self.sin = rotary_tables(to_device(positions, device), config.head_dim, config.rope_theta,
                                            getattr(torch, config.dtype), config.rope_scaling_dict)
         self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
 
@@ -141,10 +141,10 @@ class PackContext:
         weights[local] = pack_weights[index[local]]
         self.num_tokens = rows
         self.rows = rows // tp
-        self.tokens = tokens.to(device)
-        self.targets = targets.to(device)
-        self.weights = weights.to(device)
-        self.cos, self.sin = rotary_tables(split.positions.to(device), config.head_dim, config.rope_theta,
+        self.tokens = to_device(tokens, device)
+        self.targets = to_device(targets, device)
+        self.weights = to_device(weights, device)
+        self.cos, self.sin = rotary_tables(to_device(split.positions, device), config.head_dim, config.rope_theta,
                                            getattr(torch, config.dtype), config.rope_scaling_dict)
         self.attention = ContextAttention(split, cp_gather, kernel, config.num_attention_heads // tp, device)
 

@@ -352,3 +352,14 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
     assert grads.keys() == ref_grads.keys() and all(g.dtype == torch.float32 for g in grads.values())
     for name in grads:
         assert torch.equal(grads[name], ref_grads[name]), name
+
+
+def test_to_device_keeps_a_host_tensor_and_casts_when_asked():
+    # Off CUDA it is t.to(device): the tensor itself when nothing changes (no copy a pack pays).
+    from hotswitch.model.batch import to_device
+
+    t = torch.arange(5)
+    assert to_device(t, "cpu") is t
+    cast = to_device(t, torch.device("cpu"), torch.int32)
+    assert cast.dtype == torch.int32 and cast.tolist() == [0, 1, 2, 3, 4]
+    assert to_device(cast, "cpu", torch.int32) is cast
