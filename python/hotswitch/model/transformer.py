@@ -41,6 +41,7 @@ def _add_grad_into(param: torch.Tensor, copy: torch.Tensor) -> None:
         param.grad.add_(copy.grad)
     copy.grad = None
 
+
 def compute_copy(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A leaf copy of ``param`` in ``dtype`` (the compute dtype) for matrix products: once a
     micro-batch's gradient has accumulated into it, that gradient is added into ``param.grad``
