@@ -169,7 +169,7 @@ def main(argv=None):
         r = out[name]
         result[name] = {"step_s": r["step_s"], "profiled_step_s": r["profiled_step_s"], "busy_share": r["busy_share"],
                         "kernels": r["kernels"], "syncs": r["syncs"], "seconds_by_kind": r["seconds_by_kind"],
-                        "top": [[n[:80], c, s] for n, c, s in r["top"]]}
+                        "top": [[n[:80], round(c, 2), float(f"{s:.4g}")] for n, c, s in r["top"]]}
     result["seconds"] = time.perf_counter() - start
     print("RESULT " + json.dumps(rounded(result)))
     return 0

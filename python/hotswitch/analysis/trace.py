@@ -42,7 +42,7 @@ _SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynch
 # Substrings of a lower-cased name, checked in this order (the first match decides).
 _RULES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("collective", ("nccl", "c10d::", "gloo", "all_gather", "allgather", "reduce_scatter", "allreduce",
-                    "all_reduce", "broadcast")),
+                    "all_reduce")),
     ("attention", ("flash", "fmha", "attention", "attn", "flex")),
     ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm",
                 "aten::baddbmm", "aten::_scaled_mm", "matmul_kernel")),
@@ -55,11 +55,13 @@ _RULES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 
 def kernel_kind(name: str, category: str = "kernel") -> str:
     """The kind of one unit of work (``KINDS``) from its trace name: ``"fused"`` for the
-    model's Triton kernels (``FUSED_KERNELS``), ``"memory"`` for copies and fills between
-    buffers, else by the name's substrings (cuBLAS/CUTLASS kernels and ``aten::mm`` are
-    ``"matmul"``, flash and FlexAttention kernels ``"attention"``, NCCL's and gloo's
-    ``"collective"``, the optimizer's multi-tensor kernels ``"optimizer"``, PyTorch's own
-    element-wise and reduction kernels ``"elementwise"``); ``"other"`` when nothing matches."""
+    model's Triton kernels (``FUSED_KERNELS``), ``"memory"`` for the device's copies and fills
+    of the ``gpu_memcpy``/``gpu_memset`` categories (a copy or fill done by a kernel, and
+    ``aten::copy_``/``aten::fill_`` on the host, are ``"elementwise"``), else by the name's
+    substrings (cuBLAS/CUTLASS kernels and ``aten::mm`` are ``"matmul"``, flash and
+    FlexAttention kernels ``"attention"``, NCCL's and gloo's ``"collective"``, the optimizer's
+    multi-tensor kernels ``"optimizer"``, PyTorch's own element-wise and reduction kernels
+    ``"elementwise"``); ``"other"`` when nothing matches."""
     if category in ("gpu_memcpy", "gpu_memset"):
         return "memory"
     if name in FUSED_KERNELS:
@@ -79,9 +81,11 @@ class TraceSummary:
     host operators that do work themselves, and ``busy_s`` what they took of the windows: the rest is
     Python and the framework between them). ``windows``: how many annotated ranges were
     summed; ``window_s``: their wall time; ``busy_s``: the union of the work intervals inside
-    them; ``kernels``: units of work started inside them; ``seconds_by_kind``: the work's
-    durations by kind (``KINDS``; overlapping work counts in each); ``syncs``: the host's waits
-    for the device (CUDA only); ``top``: ``(name, count, seconds)`` of the longest work by name.
+    them; ``kernels``: units of work started inside them (kernels, and the device's copies and
+    fills); ``seconds_by_kind``: the work's durations by kind (``KINDS``; overlapping work
+    counts in each; work that runs past its window's end counts up to that end, as in
+    ``busy_s``); ``syncs``: the host's waits for the device (CUDA only); ``top``: ``(name,
+    count, seconds)`` of the longest work by name.
     """
 
     device: str
@@ -136,7 +140,8 @@ _NO_WORK = frozenset({
     "aten::squeeze", "aten::select", "aten::slice", "aten::narrow", "aten::alias", "aten::detach", "detach",
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::lift_fresh", "aten::split",
     "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::unflatten", "aten::flatten",
-    "aten::view_as", "aten::expand_as", "aten::contiguous"})
+    "aten::view_as", "aten::expand_as", "aten::contiguous", "aten::to", "aten::new_empty",
+    "aten::new_empty_strided", "aten::resize_", "aten::broadcast_tensors", "torch::autograd::AccumulateGrad"})
 
 
 def _work_ops(ops: Sequence[dict]) -> List[dict]:
@@ -201,12 +206,13 @@ def summarize(events: Sequence[dict], window: Optional[str] = None, top: int = 1
         if span is None:
             continue
         count += 1
-        seconds = e["dur"] * 1e-6
+        stop = min(e["ts"] + e["dur"], span[1])
+        seconds = (stop - e["ts"]) * 1e-6
         by_kind[kernel_kind(e["name"], e.get("cat", ""))] += seconds
         entry = by_name.setdefault(e["name"], [0, 0.0])
         entry[0] += 1
         entry[1] += seconds
-        intervals.append((e["ts"], min(e["ts"] + e["dur"], span[1])))
+        intervals.append((e["ts"], stop))
     syncs = sum(1 for e in complete if e.get("cat") == "cuda_runtime" and e.get("name") in _SYNC_CALLS
                 and inside(e) is not None)
     longest = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]

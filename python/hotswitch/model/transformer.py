@@ -47,7 +47,7 @@ def compute_copy(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     micro-batch's gradient has accumulated into it, that gradient is added into ``param.grad``
     (in ``param``'s dtype) and dropped, as autocast's cast would have passed it back."""
     with torch.no_grad():
-        w = param.detach().to(dtype)
+        w = param.detach().to(dtype, copy=True)
     w.requires_grad_()
     w.register_post_accumulate_grad_hook(functools.partial(_add_grad_into, param))
     return w

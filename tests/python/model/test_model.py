@@ -310,6 +310,7 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
     # TransformerLayer.use_compute_copies (benchmarks.gpu's layers): bf16 copies of the four
     # matrices, their gradients added into the fp32 .grad; bit for bit autocast's casts, over
     # two micro-batches that accumulate.
+    from hotswitch.model import transformer
     from hotswitch.model.init import init_shards
     from hotswitch.model.transformer import PackContext, TransformerLayer
 
@@ -332,10 +333,21 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
     mbs = [hs.MicroBatch.from_sequences([torch.randint(0, 128, (n,)) for n in lengths]) for lengths in ((5, 11), (16,))]
     inputs = [torch.randn(mb.num_tokens, cfg.hidden_size) for mb in mbs]
     runs = {}
+    added = []
+    add_grad_into = transformer._add_grad_into
+
+    def counted(param, copy):
+        added.append(copy.shape)
+        add_grad_into(param, copy)
+
     for copies in (False, True):
         layer = TransformerLayer(cfg, 1, {k: v.clone() for k, v in shards.items()}, "layers.0.")
         if copies:
-            layer.use_compute_copies()
+            transformer._add_grad_into = counted
+            try:
+                layer.use_compute_copies()
+            finally:
+                transformer._add_grad_into = add_grad_into
             assert {k: v.dtype for k, v in layer.compute_weights.items()} == \
                 {k: torch.bfloat16 for k in ("qkv", "proj", "gate_up", "down")}
         outs = []
@@ -347,6 +359,8 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
             outs.append(y.detach())
         runs[copies] = outs, {n: p.grad.clone() for n, p in layer.named_parameters()}
     (outs, grads), (ref_outs, ref_grads) = runs[True], runs[False]
+    # Every copy's gradient reached its parameter through the hook, at both micro-batches.
+    assert len(added) == 2 * 4, added
     for a, b in zip(outs, ref_outs):
         assert torch.equal(a, b)
     assert grads.keys() == ref_grads.keys() and all(g.dtype == torch.float32 for g in grads.values())

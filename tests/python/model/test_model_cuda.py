@@ -23,7 +23,7 @@ def test_model_forward_backward_on_cuda_matches_cpu():
         np.testing.assert_allclose(gpu_grads[name], cpu_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-def test_a_micro_batch_runs_its_layers_and_loss_without_the_host_waiting_for_the_device():
+def test_packs_run_their_layers_and_loss_without_the_host_waiting_for_the_device():
     # Once a pack's context is built, nothing in the forward, the backward or the loss makes the
     # host wait for the device (an .item(), a copy to the host, a data-dependent shape), so
     # the host can queue the next layers' kernels while the device runs the current ones. With

@@ -181,9 +181,9 @@ def forward_backward(rank, world):
 
 
 def host_waits_of_a_micro_batch(rank, world):
-    """World 1 on CUDA, bf16 compute (the default attention kernel and fused steps): the
-    packs' contexts built, then one micro-batch's forward and backward through every layer,
-    the head and the loss, each under ``torch.cuda.set_sync_debug_mode("error")``, so that
+    """World 1 on CUDA, bf16 compute (the default attention kernel and fused steps): two
+    packs' contexts built, then each pack's forward and backward through every layer, the
+    head and the loss, each of the two under ``torch.cuda.set_sync_debug_mode("error")``, so that
     any operation that makes the host wait for the device raises. Returns ``(attention
     kernel, fused steps, None or the error building the contexts, None or the error
     running)``."""
