@@ -122,4 +122,5 @@ def test_the_fitted_overhead_follows_a_fixed_cost_added_to_every_layer():
         per_layer = [(b - a) / 2 for a, b in zip(timed[1], timed[3])]
         fits[seconds] = fit_layer_seconds(tokens, per_layer)
     moved = fits[added][0] - fits[0.0][0]
-    assert moved == pytest.approx(added, rel=0.35), fits  # seen: +4.2 to +4.5 ms for 4 ms of sleep (sleep overshoots)
+    # Seen: +4.2 to +4.5 ms for 4 ms of sleep (a sleep overshoots a little).
+    assert moved == pytest.approx(added, rel=0.35), fits
