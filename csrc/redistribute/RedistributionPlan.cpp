@@ -170,6 +170,8 @@ class SendBalancer {
 // costs kTimeResolution units, the slower one's proportionally more.
 constexpr int64_t kTimeResolution = 256;
 constexpr double kMaxBandwidthRatio = 1000;
+// The most time units a switch may weigh: the flow sums every class's units, in int64.
+constexpr int64_t kMaxTimeUnits = int64_t{1} << 62;
 
 }  // namespace
 
@@ -286,6 +288,12 @@ RedistributionPlan RedistributionPlan::build(const TensorSet& set, const Placeme
     const double fastest = std::max(intraBw, interBw);
     const int64_t intraUnits = std::llround(kTimeResolution * fastest / intraBw);
     const int64_t interUnits = std::llround(kTimeResolution * fastest / interBw);
+    int64_t totalBytes = 0;
+    for (int64_t b : classBytes) totalBytes += b;
+    const int64_t slowest = std::max(intraUnits, interUnits);
+    HS_CHECK(totalBytes <= kMaxTimeUnits / slowest, "balancing send time over links ", fastest / std::min(intraBw, interBw),
+             "x apart weighs up to ", kMaxTimeUnits / slowest, " bytes to send, this switch sends ", totalBytes,
+             " bytes; balance bytes instead (both bandwidths 0)");
     for (int c = 0; c < numClasses; ++c) {
       unitsPerByte[c] = classInterNode[c] ? interUnits : intraUnits;
       classUnits.push_back(classBytes[c] * unitsPerByte[c]);

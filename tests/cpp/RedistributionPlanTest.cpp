@@ -190,6 +190,37 @@ TEST(RedistributionPlanTest, BalancesSendTimeGivenBandwidths) {
   }
 }
 
+// Time units are int64: a switch whose bytes times the slow link's units per byte would not
+// fit is refused with a clear error (here 2^52 bytes to send, 4.5 PB, over links 1000x apart,
+// against the 18 TB such links can weigh), never overflowed; equal links weigh 2^54 bytes.
+TEST(RedistributionPlanTest, RefusesToWeighMoreTimeUnitsThanFit) {
+  TensorSet set;
+  set.numLayers = 1;
+  for (int i = 0; i < 16; ++i) {
+    ParamSpec spec;
+    spec.name = "huge" + std::to_string(i);
+    spec.shape = {int64_t{1} << 23, int64_t{1} << 23};
+    spec.dtype = DType::kFloat32;
+    spec.rule = ShardRule::kColumn;
+    spec.stage = StageRole::kFirst;
+    set.specs.push_back(spec);
+  }
+  Topology topo(2, 1);
+  const Placement from = Placement::make(set, Layout(1, 2, 1));
+  const Placement to = Placement::make(set, Layout(2, 1, 1));
+  PlanOptions timed;
+  timed.intraNodeBandwidth = 1000e9;
+  timed.interNodeBandwidth = 1e9;
+  try {
+    RedistributionPlan::build(set, from, to, topo, timed);
+    FAIL() << "a switch of 2^52 bytes was weighed in time units";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("balance bytes instead"), std::string::npos) << e.what();
+  }
+  timed.interNodeBandwidth = 1000e9;  // equal links: 256 units a byte, and 2^52 bytes fit
+  EXPECT_NO_THROW(RedistributionPlan::build(set, from, to, topo, timed));
+}
+
 TEST(RedistributionPlanTest, EmptyTensorSet) {
   TensorSet set;
   set.numLayers = 1;
