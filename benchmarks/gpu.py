@@ -14,7 +14,9 @@ micro-batch: ``TransformerLayer.use_compute_copies``),
 the attention kernel ``hotswitch.model.attention.select_kernel`` chooses (one call per layer;
 ``--attention`` names another; ``attention`` in the RESULT line, per case),
 the fused steps ``hotswitch.model.fused`` chooses (Triton on CUDA), forward and backward of
-the layer stack (``TransformerLayer``, the runtime's own layer).
+the layer stack (``TransformerLayer``, the runtime's own layer). ``--compile``: each layer
+through ``torch.compile`` instead, as ``ParallelTransformer(compile_layers=True)`` runs it
+(inductor fuses the PyTorch path of the steps; the warm-up pass compiles).
 Micro-batches: documents drawn at random from ``wikipedia.lengths`` (``--data-dir``), each cut
 to the micro-batch size (as Megatron cuts to ``seq_length``), packed in draw order until the
 next does not fit; 4096 and 16384 tokens a micro-batch, ``MICRO_BATCHES`` timed after a
@@ -54,7 +56,7 @@ warm-up pass over each of them. Random token ids: the time does not depend on th
   device copy of the same bytes; the larger of the two directions.
 
     .venv/bin/python -m benchmarks.gpu [--quick] [--data-dir DIR] [--tp 1,2] [--budgets 4096]
-                                       [--attention KERNEL]
+                                       [--attention KERNEL] [--compile]
 """
 
 import argparse
@@ -306,7 +308,9 @@ def _layers(rank, world, spec):
         kernel = select_kernel(device, compute, cfg.head_dim, spec["attention"])
         region = _NoCollectives()
         for layer in layers:
-            layer.kernels = select_fused(device)
+            layer.kernels = "torch" if spec["compile"] else select_fused(device)
+            if spec["compile"]:  # as ParallelTransformer(compile_layers=True)
+                layer.run_pair = torch.compile(layer.forward_pair, dynamic=True)
         for budget, packs in spec["packs"].items():
             contexts = []
             for pack in packs:
@@ -325,7 +329,7 @@ def _layers(rank, world, spec):
                 with torch.autocast(device.type, dtype=compute) if compute != cfg_dtype else contextlib.nullcontext():
                     y, delta = x, None
                     for layer in layers:  # as the model runs its stack: each residual sum in the next norm
-                        y, delta = layer.forward_pair(y, delta, contexts[i], region)
+                        y, delta = layer.run_pair(y, delta, contexts[i], region)
                     y = y + delta
                 y.backward(grads[i])
 
@@ -407,6 +411,8 @@ def main(argv=None):
                         help="the layers' attention kernel (default: select_kernel's choice, logged per case)")
     parser.add_argument("--budgets", default=None, help=f"tokens a micro-batch, e.g. 4096 (default "
                                                         f"{','.join(map(str, BUDGETS))}; --quick: its own)")
+    parser.add_argument("--compile", action="store_true",
+                        help="our layers through torch.compile, as ParallelTransformer(compile_layers=True)")
     args = parser.parse_args(argv)
     try:
         tps = _ints(args.tp, "--tp", TPS)
@@ -425,7 +431,7 @@ def main(argv=None):
     budgets = chosen_budgets or (QUICK["budgets"] if args.quick else BUDGETS)
     count = QUICK["micro_batches"] if args.quick else MICRO_BATCHES
     spec = {"cuda": cuda, "tps": tps, "budgets": budgets, "model": QUICK["model"] if args.quick else LLAMA_7B,
-            "warmup": QUICK["warmup"] if args.quick else WARMUP, "attention": args.attention,
+            "warmup": QUICK["warmup"] if args.quick else WARMUP, "attention": args.attention, "compile": args.compile,
             "packs": {b: draw_packs(lengths, b, count, seed=b) for b in budgets}}
     backend = "nccl" if cuda else "gloo"
     layers = spawn(1, _layers, spec, timeout=1500.0, pg_timeout=1500.0, backend=backend)[0]
@@ -464,6 +470,7 @@ def main(argv=None):
           f"ratio {ratio:.2f}")
 
     result = {"device": layers["device"], "device_name": layers["device_name"], "layers": LAYERS,
+              "compile": args.compile,
               "tokens_per_s": tokens_per_s, "mfu": mfu, "reference_tokens_per_s": reference,
               "vs_reference": vs_reference, "attention": {k: r["attention"] for k, r in layers["rows"].items()},
               "megatron_context": context,

@@ -26,10 +26,11 @@ Figures, per step, for ``ours`` and ``reference``:
   collectives, the optimizer, copies);
 - ``top``: the longest kernels by name (``[name, count, seconds]`` a step).
 
+``--compile``: ours with ``compile_layers=True`` (compiled in the warm-up step).
 ``--trace DIR`` also writes both traces (``ours.json.gz``, ``reference.json.gz``; they open in
 Perfetto and Holistic Trace Analysis).
 
-    .venv/bin/python -m benchmarks.profile [--quick] [--data-dir DIR] [--budget 4096] [--trace DIR]
+    .venv/bin/python -m benchmarks.profile [--quick] [--data-dir DIR] [--budget 4096] [--trace DIR] [--compile]
 """
 
 import argparse
@@ -83,7 +84,7 @@ def _rank(rank, world, spec):
                                **spec["model"])
     steps = _steps_of(spec, budget)
     out = {"device": device.type, "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
-    for name, make in (("ours", lambda: _ours(cfg, device, steps, cuda)),
+    for name, make in (("ours", lambda: _ours(cfg, device, steps, cuda, spec["compile"])),
                        ("reference", lambda: _reference(cfg, device, steps, cuda, torch.bfloat16))):
         step, info = make()
         step(0)  # warm-up: lazy set-up and compiled kernels for these shapes
@@ -116,6 +117,7 @@ def main(argv=None):
     parser.add_argument("--budget", default=None, help=f"tokens a micro-batch (default {BUDGET}; --quick "
                                                        f"{QUICK_BUDGET})")
     parser.add_argument("--trace", default=None, metavar="DIR", help="also write both traces there (gzipped)")
+    parser.add_argument("--compile", action="store_true", help="ours with compile_layers=True (regional torch.compile)")
     args = parser.parse_args(argv)
     try:
         chosen = _ints(args.budget, "--budget", None)
@@ -138,7 +140,8 @@ def main(argv=None):
     model = QUICK_MODEL if args.quick else MODEL
     scratch = tempfile.mkdtemp(prefix="hotswitch-profile-")
     try:
-        spec = {"cuda": cuda, "budget": budget, "model": model, "packs": packs, "trace_dir": scratch}
+        spec = {"cuda": cuda, "budget": budget, "model": model, "packs": packs, "trace_dir": scratch,
+                "compile": args.compile}
         out = spawn(1, _rank, spec, timeout=1800.0, pg_timeout=1800.0, backend="nccl" if cuda else "gloo")[0]
         if args.trace:
             os.makedirs(args.trace, exist_ok=True)
@@ -163,7 +166,7 @@ def main(argv=None):
     for name in ("ours", "reference"):
         print(f"longest kernels, {name}: " + "; ".join(f"{n[:60]} x{c:.0f} {s * 1e3:.2f} ms"
                                                        for n, c, s in out[name]["top"]))
-    result = {"device": out["device"], "device_name": out["device_name"], "budget": budget,
+    result = {"device": out["device"], "device_name": out["device_name"], "budget": budget, "compile": args.compile,
               "step_vs_reference": out["reference"]["step_s"] / out["ours"]["step_s"]}
     for name in ("ours", "reference"):
         r = out[name]

@@ -17,7 +17,8 @@ then one AdamW update (``fused=True`` on CUDA for both) and ``zero_grad``. Both 
 the same packs and token ids.
 
 - Ours: ``hotswitch.ParallelTransformer`` at world 1 (the runtime's model, its default
-  attention kernel and fused steps), ``forward_backward`` over the step's packs.
+  attention kernel and fused steps; ``--compile``: ``compile_layers=True``, compiled in the
+  warm-up step), ``forward_backward`` over the step's packs.
 - Reference: ``LlamaForCausalLM`` (``attn_implementation`` ``flex_attention`` on CUDA, ``sdpa``
   on the CPU), one row per pack whose ``position_ids`` restart at every document, so that
   transformers builds its packed-document mask; labels ``-100`` where a document begins (no
@@ -28,7 +29,7 @@ Figures: ``step_tokens_per_s`` (ours), ``reference_step_tokens_per_s``, ``step_v
 token plus 12 x d x heads x layers per causal query-key pair, over the device's bf16 dense
 peak; on the CPU over a one-thread fp32 512^3 product's rate), ``reference_step_mfu``.
 
-    .venv/bin/python -m benchmarks.step [--quick] [--data-dir DIR] [--budgets 4096,16384]
+    .venv/bin/python -m benchmarks.step [--quick] [--data-dir DIR] [--budgets 4096,16384] [--compile]
 """
 
 import argparse
@@ -77,9 +78,9 @@ def _steps_of(spec, budget):
     return out
 
 
-def _ours(cfg, device, steps, cuda):
+def _ours(cfg, device, steps, cuda, compile_layers=False):
     layout = hs.Layout()
-    model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=0)
+    model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=0, compile_layers=compile_layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=cuda)
     batches = [[hs.MicroBatch.from_sequences(pack) for pack in step] for step in steps]
 
@@ -90,7 +91,7 @@ def _ours(cfg, device, steps, cuda):
         optimizer.zero_grad(set_to_none=True)
         return loss / targets
 
-    return step, {"attention": model.attention_kernel, "fused": model.kernels}
+    return step, {"attention": model.attention_kernel, "fused": "compiled" if compile_layers else model.kernels}
 
 
 def _reference(cfg, device, steps, cuda, compute):
@@ -147,7 +148,7 @@ def _rank(rank, world, spec):
         flops = sum(step_flops(cfg, packs) for packs in spec["packs"][budget][1:])
         tokens = sum(sum(sum(p) for p in packs) for packs in spec["packs"][budget][1:])
         row = {"budget": budget, "tokens": tokens}
-        for name, make in (("ours", lambda: _ours(cfg, device, steps, cuda)),
+        for name, make in (("ours", lambda: _ours(cfg, device, steps, cuda, spec["compile"])),
                            ("reference", lambda: _reference(cfg, device, steps, cuda, compute))):
             step, info = make()
             first = step(0)  # warm-up: lazy set-up and compiled kernels for these shapes
@@ -175,6 +176,7 @@ def main(argv=None):
     parser.add_argument("--data-dir", default=default_data_dir(), help="holds wikipedia.lengths")
     parser.add_argument("--budgets", default=None, help="tokens a micro-batch, e.g. 4096 (default "
                                                         f"{','.join(map(str, BUDGETS))}; --quick: its own)")
+    parser.add_argument("--compile", action="store_true", help="ours with compile_layers=True (regional torch.compile)")
     args = parser.parse_args(argv)
     try:
         chosen = _ints(args.budgets, "--budgets", None)
@@ -192,7 +194,8 @@ def main(argv=None):
     budgets = chosen or (QUICK_BUDGETS if args.quick else BUDGETS)
     steps = (QUICK_STEPS if args.quick else STEPS) + 1
     packs = {b: [draw_packs(lengths, b, MICRO_BATCHES, seed=b * 100 + s) for s in range(steps)] for b in budgets}
-    spec = {"cuda": cuda, "budgets": budgets, "model": QUICK_MODEL if args.quick else MODEL, "packs": packs}
+    spec = {"cuda": cuda, "budgets": budgets, "model": QUICK_MODEL if args.quick else MODEL, "packs": packs,
+            "compile": args.compile}
     out = spawn(1, _rank, spec, timeout=1800.0, pg_timeout=1800.0, backend="nccl" if cuda else "gloo")[0]
     model = spec["model"]
     print(f"device: {out['device']} ({out['device_name']}); peak {out['peak_flops'] or float('nan'):.4g} FLOP/s "
@@ -200,7 +203,8 @@ def main(argv=None):
           f"{model['num_attention_heads']} heads over {model['num_query_groups']} K/V heads, FFN "
           f"{model['ffn_hidden_size']}, vocabulary {model['vocab_size']}; {MICRO_BATCHES} packs a step from {source}")
     print(f"{'micro-batch':>12}{'ours tok/s':>12}{'MFU':>7}{'HF tok/s':>11}{'MFU':>7}{'ours/HF':>9}  kernels (ours; HF)")
-    result = {"device": out["device"], "device_name": out["device_name"], "step_tokens_per_s": {},
+    result = {"device": out["device"], "device_name": out["device_name"], "compile": args.compile,
+              "step_tokens_per_s": {},
               "reference_step_tokens_per_s": {}, "step_vs_reference": {}, "step_mfu": {}, "reference_step_mfu": {}}
     for key, row in out["rows"].items():
         ours, ref = row["ours"], row["reference"]

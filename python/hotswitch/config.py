@@ -164,6 +164,12 @@ class RuntimeConfig:
     """Under full recomputation, the layers of one recomputed chunk: each chunk keeps its input
     only (Megatron-LM's ``--recompute-method uniform --recompute-num-layers``)."""
 
+    compile_layers: bool = False
+    """Regional compilation: every layout's model compiles each layer's forward with
+    ``torch.compile`` (``ParallelTransformer(compile_layers=True)``: inductor fuses the layer's
+    element-wise steps instead of the Triton kernels). The first micro-batch under each layout
+    compiles it, and the start-up probe, when on, times the compiled layers."""
+
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
         check_choice("grad_method", self.grad_method, GRAD_METHODS)
@@ -171,6 +177,7 @@ class RuntimeConfig:
         check_bool("recalibrate", self.recalibrate)
         check_bool("probe", self.probe)
         check_bool("switch_compute_dtype", self.switch_compute_dtype)
+        check_bool("compile_layers", self.compile_layers)
         if self.probe and not self.recalibrate:
             raise ValueError("probe=True needs recalibrate=True: the probe's times refit the cost model")
         check_int("seed", self.seed, 0)

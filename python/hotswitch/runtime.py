@@ -253,7 +253,7 @@ class Runtime:
         self.groups = {l.name: ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
         self._models: Dict[str, "ParallelTransformer"] = {}
         home_model = ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed,
-                                         recompute_num_layers=s.recompute_num_layers)
+                                         recompute_num_layers=s.recompute_num_layers, compile_layers=s.compile_layers)
         shards = {n: t.detach() for n, t in home_model.named_shards().items()}
         if zero:
             shards = switch(shards, self.tensor_set, self.home, self.home, dst_kind="zero", group=group,
@@ -426,7 +426,8 @@ class Runtime:
         model = self._models.get(layout.name)
         if model is None:
             model = ParallelTransformer(self.config, layout, self.groups[layout.name], seed=self.seed, shards=shards,
-                                        recompute_num_layers=self.settings.recompute_num_layers)
+                                        recompute_num_layers=self.settings.recompute_num_layers,
+                                        compile_layers=self.settings.compile_layers)
             self._models[layout.name] = model
         else:
             model.load_shards(shards)

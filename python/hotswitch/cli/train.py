@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with full: uniform (every layer, in chunks of --recompute-num-layers)")
     t.add_argument("--recompute-num-layers", type=int, default=None,
                    help="with full and uniform: layers per recomputed chunk (default 1)")
+    t.add_argument("--compile-layers", action="store_true",
+                   help="regional torch.compile: each layer's forward compiled once per layout (first step slower)")
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -424,7 +426,7 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
         min_gain=args.min_gain, fixed_plan=args.fixed_plan,
         home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
-        trust_error=args.trust_error, explore=args.explore, probe=args.probe)
+        trust_error=args.trust_error, explore=args.explore, probe=args.probe, compile_layers=args.compile_layers)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

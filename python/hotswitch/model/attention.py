@@ -261,8 +261,9 @@ def _flex_kernel(q, k, v, block_mask, padded_q, padded_k):
     def heads_first(x, padded):
         return F.pad(x, (0, 0, 0, 0, 0, padded - x.shape[0])).transpose(0, 1).unsqueeze(0)  # [1, h, Tpad, d]
 
+    gqa = True if q.shape[1] != k.shape[1] else False  # a bool, also where torch.compile sees symbolic heads
     out = _compiled_flex()[1](heads_first(q, padded_q), heads_first(k, padded_k), heads_first(v, padded_k),
-                              block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+                              block_mask=block_mask, enable_gqa=gqa)
     return out.squeeze(0).transpose(0, 1)[:q.shape[0]]
 
 
@@ -271,7 +272,8 @@ def _sdpa_kernel(q, k, v, mask):
     bias in ``q``'s dtype (0 where it sees, -inf elsewhere), which SDPA would otherwise build
     from the bool mask at every call."""
     q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, h, T, d]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    gqa = True if q.shape[1] != k.shape[1] else False  # a bool, also where torch.compile sees symbolic heads
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return out.squeeze(0).transpose(0, 1)
 
 
@@ -413,6 +415,11 @@ class PackAttention:
             return _masked_kernel(q, k, v, self.blocked)
         return _grouped(q, k, v, self.groups)
 
+    def prepare(self, dtype: torch.dtype) -> None:
+        """Builds what a call in ``dtype`` caches (the ``sdpa`` bias), so that no later call has
+        a side effect (``ParallelTransformer`` prepares every pack before its layers run)."""
+        if self.kernel == "sdpa":
+            self.bias(dtype)
 
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
         """The ``sdpa`` mask as an additive bias in ``dtype``: 0 where a query sees a key,

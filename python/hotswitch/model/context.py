@@ -259,6 +259,9 @@ class ContextAttention:
                            for queries, keys, allowed in groups]
             self.inverse = to_device(inverse, device)
 
+    def prepare(self, dtype: torch.dtype) -> None:
+        """Nothing to build ahead: no kernel here caches anything per call (``PackAttention.prepare``)."""
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q`` ``[rows, hq, d]``, ``k``/``v`` ``[rows, hkv, d]`` (this rank's rows) ->
         ``[rows, hq, d]``; padding rows get zeros."""

@@ -209,6 +209,8 @@ class TransformerLayer(nn.Module):
         self.kernels = "torch"
         # The matrix weights in the compute dtype for the current call (see ParallelTransformer).
         self.compute_weights: Dict[str, torch.Tensor] = {}
+        # What the model calls for forward_pair: the method, or its compiled form.
+        self.run_pair = self.forward_pair
 
     def use_compute_copies(self) -> None:
         """Computes with fresh compute-dtype copies of the matrix weights (``compute_copy``:
@@ -286,6 +288,15 @@ class ParallelTransformer(nn.Module):
     ``kernels``: the layers' fused norm, rotary and SwiGLU steps (``hotswitch.model.fused``):
     ``"torch"`` or ``"triton"``; default Triton on CUDA when installed, else PyTorch.
 
+    ``compile_layers``: regional compilation, as torchtitan compiles each block: every layer's
+    ``forward_pair`` runs through ``torch.compile(..., dynamic=True)``, one graph (per variant:
+    the first layer, the others) serving every layer of the stage and every pack size, so
+    inductor fuses the element-wise steps, casts and residual sums itself and a layer's
+    forward and backward each run as one compiled call. The fused steps then take the PyTorch
+    path (``kernels`` must be None or ``"torch"``). Collectives posted with async work (the
+    tensor-parallel products' backward overlap) stay eager: at tp > 1 the graph breaks around
+    them. The first call compiles (tens of seconds); a new layout compiles its own shapes.
+
     ``recompute`` (settable between steps): activation recomputation, Megatron-LM's
     ``--recompute-granularity``. ``"none"``; ``"selective"``: each layer's attention core
     (softmax(QK^T)V) reruns in the backward pass instead of keeping its activations;
@@ -301,7 +312,7 @@ class ParallelTransformer(nn.Module):
     def __init__(self, config: TransformerConfig, layout: "_C.Layout", groups: ParallelGroups,
                  seed: int = 0, shards: Optional[Dict[str, torch.Tensor]] = None,
                  attention: Optional[str] = None, recompute: str = "none", recompute_num_layers: int = 1,
-                 kernels: Optional[str] = None):
+                 kernels: Optional[str] = None, compile_layers: bool = False):
         super().__init__()
         if not isinstance(config, TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
@@ -326,7 +337,13 @@ class ParallelTransformer(nn.Module):
             raise ValueError(f"compute_dtype {config.compute_dtype!r}: torch {torch.__version__} has no "
                              f"{config.compute_dtype} autocast on {self.device.type}; use bfloat16 or another device")
         self.attention_kernel = select_kernel(self.device, self.compute_dtype, config.head_dim, attention)
-        self.kernels = select_fused(self.device, kernels)
+        if not isinstance(compile_layers, bool):
+            raise ValueError(f"compile_layers must be a bool, got {compile_layers!r}")
+        if compile_layers and kernels not in (None, "torch"):
+            raise ValueError(f"compile_layers=True compiles the layers' element-wise steps itself; kernels must be "
+                             f"None or 'torch', got {kernels!r}")
+        self.compile_layers = compile_layers
+        self.kernels = "torch" if compile_layers else select_fused(self.device, kernels)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
         self._expected = {self.tensor_set.specs[t].name: tuple(shape)
                           for t, shape, _ in placement.buffers(groups.rank)}
@@ -343,6 +360,8 @@ class ParallelTransformer(nn.Module):
                                      for i in self.layer_ids})
         for layer in self.layers.values():
             layer.kernels = self.kernels
+            if compile_layers:
+                layer.run_pair = torch.compile(layer.forward_pair, dynamic=True)
         if groups.is_last_stage:
             self.final_norm = Shard(shards["final_norm.weight"])
             if not config.tied_embedding:
@@ -515,13 +534,19 @@ class ParallelTransformer(nn.Module):
     def _run_layers(self, layers, x: torch.Tensor, delta: Optional[torch.Tensor], ctx: PackContext):
         """``layers`` on the residual stream ``x + delta``; returns the last one's pair."""
         for layer in layers:
-            x, delta = layer.forward_pair(x, delta, ctx, self._region)
+            x, delta = layer.run_pair(x, delta, ctx, self._region)
         return x, delta
 
     def _contexts(self, micro_batches, kernel: str):
         g = self.groups
-        return [PackContext(mb, self.config, self.layout.tp, self.device, kernel, cp=self.layout.cp,
-                            cp_rank=g.cp_rank, cp_gather=self._context.gather) for mb in micro_batches]
+        contexts = [PackContext(mb, self.config, self.layout.tp, self.device, kernel, cp=self.layout.cp,
+                                cp_rank=g.cp_rank, cp_gather=self._context.gather) for mb in micro_batches]
+        for ctx in contexts:
+            # What the attention caches at its first call is built here, before any layer runs, so
+            # that no call has a side effect: a recomputed call must save what the first one
+            # saved, and a compiled layer must not build it in one graph and not in the next.
+            ctx.attention.prepare(self.compute_dtype)
+        return contexts
 
     def _replica_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
         """The last stage's loss of this cp rank's tokens -> the replica's loss, on every

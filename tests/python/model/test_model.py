@@ -377,3 +377,36 @@ def test_to_device_keeps_a_host_tensor_and_casts_when_asked():
     cast = to_device(t, torch.device("cpu"), torch.int32)
     assert cast.dtype == torch.int32 and cast.tolist() == [0, 1, 2, 3, 4]
     assert to_device(cast, "cpu", torch.int32) is cast
+
+
+@pytest.mark.parametrize("layout,recompute,compute_dtype", [
+    ("dp1", "none", None), ("dp1", "selective", "bfloat16"), ("tp2", "full", None)])
+def test_compiled_layers_equal_the_eager_model(layout, recompute, compute_dtype):
+    # compile_layers=True: each layer's forward_pair through torch.compile(dynamic=True).
+    # fp32: the eager model's losses and gradients within 1e-5; bf16 compute: within bf16's
+    # rounding. One set of graphs serves both calls' pack sizes (no recompilation), and at
+    # tp1 the layer compiles whole; at tp2 it breaks only at the async collectives.
+    world = hs.Layout.parse(layout).world
+    for rank, (out, breaks) in enumerate(run_world(world, w.compiled_layers_parity, layout, recompute, compute_dtype,
+                                                   timeout=600)):
+        (losses, grads, _), (ref_losses, ref_grads, _) = out[True], out[False]
+        tol = 1e-5 if compute_dtype is None else 2e-2
+        np.testing.assert_allclose(losses, ref_losses, rtol=tol, err_msg=f"rank {rank}")
+        assert grads.keys() == ref_grads.keys()
+        for name in grads:
+            scale = max(float(np.abs(ref_grads[name]).max()), 1e-6)
+            assert float(np.abs(grads[name] - ref_grads[name]).max()) <= tol * scale, (rank, name)
+        graphs = out[True][2]
+        assert graphs[0] > 0 and graphs[1] == graphs[0], (rank, graphs)
+        if layout == "dp1":
+            assert breaks == [], breaks
+        else:
+            assert breaks and all("async_op=True" in b for b in breaks), breaks
+
+
+def test_compile_layers_refuses_a_non_bool_and_the_triton_steps():
+    not_bool, triton = run_world(1, w.compile_bad_input, timeout=120)[0]
+    assert not_bool == "compile_layers must be a bool, got 'yes'", not_bool
+    assert "kernels must be None or 'torch', got 'triton'" in triton, triton
+    with pytest.raises(ValueError, match="compile_layers must be a bool, got 1"):
+        hs.RuntimeConfig(compile_layers=1)

@@ -446,3 +446,40 @@ def kept_activation_bytes(rank, world, layer_counts, tokens):
         kept[layers] = sum(storages.values())
     low, high = layer_counts
     return (kept[high] - kept[low]) / (high - low)
+
+
+def compiled_layers_parity(rank, world, layout_name, recompute, compute_dtype):
+    """The model with ``compile_layers=True`` against the same model eager, on the same
+    micro-batches over two calls (their packs differ in size and sequence count): per
+    call the loss, then the gradients, and the compiled graphs counted after each call."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    cfg = config(tied=False, compute_dtype=compute_dtype)
+    layout = hs.Layout.parse(layout_name)
+    calls = batches(seed=21, step_lengths=[[[5, 11, 1], [31]], [[2, 3, 5, 7, 9], [17, 19]]])
+    out = {}
+    for compiled in (False, True):
+        model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5, recompute=recompute,
+                                       kernels="torch", compile_layers=compiled)
+        losses, graphs = [], []
+        for micro_batches in calls:
+            losses.append(model.forward_backward(micro_batches, 1.0 / hs.count_targets(micro_batches))[0])
+            graphs.append(counters["stats"]["unique_graphs"])
+        out[compiled] = losses, _numpy(model.grad_shards()), graphs
+    breaks = sorted({str(reason).split("\n")[0] for reason in counters["graph_break"]})
+    return out, breaks
+
+
+def compile_bad_input(rank, world):
+    """The messages of compile_layers' bad values (world 1)."""
+    layout = hs.Layout()
+    messages = []
+    for kwargs in (dict(compile_layers="yes"), dict(compile_layers=True, kernels="triton")):
+        try:
+            hs.ParallelTransformer(config(), layout, hs.ParallelGroups(layout), **kwargs)
+            messages.append(None)
+        except ValueError as e:
+            messages.append(str(e))
+    return messages
