@@ -17,8 +17,10 @@ then one AdamW update (``fused=True`` on CUDA for both) and ``zero_grad``. Both 
 the same packs and token ids.
 
 - Ours: ``hotswitch.ParallelTransformer`` at world 1 (the runtime's model, its default
-  attention kernel and fused steps; ``--compile``: ``compile_layers=True``, compiled in the
-  warm-up step), ``forward_backward`` over the step's packs.
+  attention kernel and fused steps), ``forward_backward`` over the step's packs.
+- ``--compile``: also ours with ``compile_layers=True`` (compiled in its warm-up step), in the
+  same run: ``compiled_step_tokens_per_s``, ``compiled_step_mfu``, ``compiled_vs_ours`` (over
+  ours eager) and ``compiled_vs_reference``.
 - Reference: ``LlamaForCausalLM`` (``attn_implementation`` ``flex_attention`` on CUDA, ``sdpa``
   on the CPU), one row per pack whose ``position_ids`` restart at every document, so that
   transformers builds its packed-document mask; labels ``-100`` where a document begins (no
@@ -148,8 +150,11 @@ def _rank(rank, world, spec):
         flops = sum(step_flops(cfg, packs) for packs in spec["packs"][budget][1:])
         tokens = sum(sum(sum(p) for p in packs) for packs in spec["packs"][budget][1:])
         row = {"budget": budget, "tokens": tokens}
-        for name, make in (("ours", lambda: _ours(cfg, device, steps, cuda, spec["compile"])),
-                           ("reference", lambda: _reference(cfg, device, steps, cuda, compute))):
+        runs = [("ours", lambda: _ours(cfg, device, steps, cuda)),
+                ("reference", lambda: _reference(cfg, device, steps, cuda, compute))]
+        if spec["compile"]:
+            runs.append(("compiled", lambda: _ours(cfg, device, steps, cuda, compile_layers=True)))
+        for name, make in runs:
             step, info = make()
             first = step(0)  # warm-up: lazy set-up and compiled kernels for these shapes
             _sync(device)
@@ -176,7 +181,8 @@ def main(argv=None):
     parser.add_argument("--data-dir", default=default_data_dir(), help="holds wikipedia.lengths")
     parser.add_argument("--budgets", default=None, help="tokens a micro-batch, e.g. 4096 (default "
                                                         f"{','.join(map(str, BUDGETS))}; --quick: its own)")
-    parser.add_argument("--compile", action="store_true", help="ours with compile_layers=True (regional torch.compile)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also ours with compile_layers=True (regional torch.compile), in the same run")
     args = parser.parse_args(argv)
     try:
         chosen = _ints(args.budgets, "--budgets", None)
@@ -203,8 +209,7 @@ def main(argv=None):
           f"{model['num_attention_heads']} heads over {model['num_query_groups']} K/V heads, FFN "
           f"{model['ffn_hidden_size']}, vocabulary {model['vocab_size']}; {MICRO_BATCHES} packs a step from {source}")
     print(f"{'micro-batch':>12}{'ours tok/s':>12}{'MFU':>7}{'HF tok/s':>11}{'MFU':>7}{'ours/HF':>9}  kernels (ours; HF)")
-    result = {"device": out["device"], "device_name": out["device_name"], "compile": args.compile,
-              "step_tokens_per_s": {},
+    result = {"device": out["device"], "device_name": out["device_name"], "step_tokens_per_s": {},
               "reference_step_tokens_per_s": {}, "step_vs_reference": {}, "step_mfu": {}, "reference_step_mfu": {}}
     for key, row in out["rows"].items():
         ours, ref = row["ours"], row["reference"]
@@ -217,6 +222,18 @@ def main(argv=None):
         print(f"{key:>12}{ours['tokens_per_s']:>12.0f}{(ours['mfu'] or float('nan')):>7.1%}{ref['tokens_per_s']:>11.0f}"
               f"{(ref['mfu'] or float('nan')):>7.1%}{ratio:>9.2f}  {ours['attention']} + {ours['fused']} steps; "
               f"{ref['attention']}")
+    if args.compile:
+        result["compiled_step_tokens_per_s"], result["compiled_step_mfu"] = {}, {}
+        result["compiled_vs_ours"], result["compiled_vs_reference"] = {}, {}
+        for key, row in out["rows"].items():
+            compiled = row["compiled"]
+            result["compiled_step_tokens_per_s"][key] = compiled["tokens_per_s"]
+            result["compiled_step_mfu"][key] = compiled["mfu"]
+            result["compiled_vs_ours"][key] = compiled["tokens_per_s"] / row["ours"]["tokens_per_s"]
+            result["compiled_vs_reference"][key] = compiled["tokens_per_s"] / row["reference"]["tokens_per_s"]
+            print(f"{key:>12} compiled layers: {compiled['tokens_per_s']:.0f} tokens/s, MFU "
+                  f"{(compiled['mfu'] or float('nan')):.1%}, over ours eager {result['compiled_vs_ours'][key]:.2f}, "
+                  f"over HF {result['compiled_vs_reference'][key]:.2f}")
     result["seconds"] = time.perf_counter() - start
     print("RESULT " + json.dumps(rounded(result)))
     return 0
