@@ -78,7 +78,7 @@ from hotswitch.hardware import preset_for_device
 from hotswitch.model.attention import KERNELS, PackAttention, select_kernel
 from hotswitch.model.fused import select_fused
 from hotswitch.model.init import init_shards
-from hotswitch.model.transformer import PackContext, TransformerLayer
+from hotswitch.model.transformer import LocalRegion, PackContext, TransformerLayer
 from benchmarks import default_data_dir, rounded
 
 DEFAULT_DATA_DIR = default_data_dir()
@@ -183,19 +183,6 @@ def _layer_flops(cfg: hs.TransformerConfig, tp: int, pack) -> float:
     matrix = (hq + 2 * hkv) * d * h + hq * d * h + 2 * ffn * h + ffn * h
     pairs = sum(n * (n + 1) / 2 for n in pack)
     return 3.0 * (2.0 * matrix * sum(pack) + 4.0 * hq * d * pairs)
-
-
-class _NoCollectives:
-    """One TP rank's layer without its group: the shard's compute only."""
-
-    def gather(self, x):
-        return x
-
-    def scatter(self, x):
-        return x
-
-    def linear(self, x, weight):
-        return torch.nn.functional.linear(x, weight)
 
 
 # ----------------------------------------------------------------------------- the rank
@@ -306,7 +293,7 @@ def _layers(rank, world, spec):
         cfg_dtype = getattr(torch, cfg.dtype)
         compute = getattr(torch, cfg.compute_dtype or cfg.dtype)
         kernel = select_kernel(device, compute, cfg.head_dim, spec["attention"])
-        region = _NoCollectives()
+        region = LocalRegion()  # one TP rank's layer without its group: the shard's compute only
         for layer in layers:
             layer.kernels = "torch" if spec["compile"] else select_fused(device)
             if spec["compile"]:  # as ParallelTransformer(compile_layers=True)

@@ -50,7 +50,7 @@ from hotswitch.analysis.trace import load_trace, summarize
 from hotswitch.distributed import spawn
 from benchmarks import default_data_dir, rounded
 from benchmarks.gpu import _ints, _sync, document_lengths, draw_packs
-from benchmarks.step import MICRO_BATCHES, MODEL, QUICK_MODEL, _ours, _reference, _steps_of
+from benchmarks.step import MICRO_BATCHES, MODEL, QUICK_MODEL, _ours, _reference, _steps_of, check_run
 
 BUDGET = 4096
 QUICK_BUDGET = 512
@@ -125,13 +125,7 @@ def main(argv=None):
         parser.error(str(e))
     if chosen is not None and len(chosen) != 1:
         parser.error(f"--budget takes one number of tokens, got {args.budget!r}")
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        parser.error("the reference needs transformers (pip install -e '.[hf]')")
-    cuda = torch.cuda.is_available() and not args.quick
-    if not cuda and not args.quick:
-        parser.error("no CUDA device: the full benchmark measures a GPU; run --quick for CPU figures")
+    cuda = check_run(parser, args.quick)
     start = time.perf_counter()
     lengths, source = document_lengths(parser, args.data_dir, args.quick)
     budget = chosen[0] if chosen else (QUICK_BUDGET if args.quick else BUDGET)

@@ -59,6 +59,19 @@ QUICK_STEPS = 4
 LR = 1e-4
 
 
+def check_run(parser: argparse.ArgumentParser, quick: bool) -> bool:
+    """Whether the run is on CUDA; stops through ``parser`` without ``transformers`` (the
+    reference) or, for a full run, without a CUDA device."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        parser.error("the reference needs transformers (pip install -e '.[hf]')")
+    cuda = torch.cuda.is_available() and not quick
+    if not cuda and not quick:
+        parser.error("no CUDA device: the full benchmark measures a GPU; run --quick for CPU figures")
+    return cuda
+
+
 def step_flops(cfg: hs.TransformerConfig, packs) -> float:
     """Model FLOPs of forward and backward over ``packs`` (lists of document lengths)."""
     d, h = cfg.head_dim, cfg.hidden_size
@@ -188,13 +201,7 @@ def main(argv=None):
         chosen = _ints(args.budgets, "--budgets", None)
     except ValueError as e:
         parser.error(str(e))
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        parser.error("the reference needs transformers (pip install -e '.[hf]')")
-    cuda = torch.cuda.is_available() and not args.quick
-    if not cuda and not args.quick:
-        parser.error("no CUDA device: the full benchmark measures a GPU; run --quick for CPU figures")
+    cuda = check_run(parser, args.quick)
     start = time.perf_counter()
     lengths, source = document_lengths(parser, args.data_dir, args.quick)
     budgets = chosen or (QUICK_BUDGETS if args.quick else BUDGETS)

@@ -24,7 +24,8 @@ from hotswitch.model.fused import add_norm, cross_entropy, norm, rotary_qkv, sel
 from hotswitch.model.layers import Shard, rotary_tables, vocab_parallel_embedding
 from hotswitch.model.pipeline import StageFunctions, run_1f1b
 
-__all__ = ["RECOMPUTE_GRANULARITIES", "ParallelTransformer", "TransformerLayer", "PackContext", "compute_copy"]
+__all__ = ["RECOMPUTE_GRANULARITIES", "LocalRegion", "ParallelTransformer", "TransformerLayer", "PackContext",
+           "compute_copy"]
 
 _log = get_logger("model")
 
@@ -184,6 +185,20 @@ class _Region:
         """``F.linear(self.gather(x), weight)``, keeping only this rank's slice for the backward,
         whose collectives run beside its products (``gathered_linear``)."""
         return gathered_linear(x, weight, self.group, self.size, self.index)
+
+
+class LocalRegion:
+    """A layer's region without a group: every collective is the identity, so a rank's shard
+    layer computes alone (as a benchmark times tp shard shapes on one device)."""
+
+    def gather(self, x):
+        return x
+
+    def scatter(self, x):
+        return x
+
+    def linear(self, x, weight):
+        return F.linear(x, weight)
 
 
 class TransformerLayer(nn.Module):

@@ -312,23 +312,13 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
     # two micro-batches that accumulate.
     from hotswitch.model import transformer
     from hotswitch.model.init import init_shards
-    from hotswitch.model.transformer import PackContext, TransformerLayer
+    from hotswitch.model.transformer import LocalRegion, PackContext, TransformerLayer
 
     torch.manual_seed(0)
     cfg = hs.TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                                ffn_hidden_size=96, vocab_size=128, max_position_embeddings=64,
                                compute_dtype="bfloat16")
     shards = init_shards(cfg, hs.Layout(), 0, 3, torch.device("cpu"))
-
-    class Alone:
-        def gather(self, x):
-            return x
-
-        def scatter(self, x):
-            return x
-
-        def linear(self, x, weight):
-            return torch.nn.functional.linear(x, weight)
 
     mbs = [hs.MicroBatch.from_sequences([torch.randint(0, 128, (n,)) for n in lengths]) for lengths in ((5, 11), (16,))]
     inputs = [torch.randn(mb.num_tokens, cfg.hidden_size) for mb in mbs]
@@ -354,7 +344,7 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
         for mb, x in zip(mbs, inputs):
             ctx = PackContext(mb, cfg, 1, torch.device("cpu"), "grouped")
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                y = layer(x.clone().requires_grad_(), ctx, Alone())
+                y = layer(x.clone().requires_grad_(), ctx, LocalRegion())
             (y.float() ** 2).sum().backward()
             outs.append(y.detach())
         runs[copies] = outs, {n: p.grad.clone() for n, p in layer.named_parameters()}
