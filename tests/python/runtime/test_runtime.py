@@ -435,3 +435,17 @@ def test_switching_to_and_from_cp_layouts_within_a_step_equals_single_process(re
         # Reduced over dp x cp, then switched into the home accumulator.
         assert {m for _, _, methods, *_ in steps for m in methods} <= {"reduce", "local"}, steps
     _check_equal(out[0], reference)
+
+
+def test_compiled_layers_train_as_the_eager_runtime_across_switches():
+    # RuntimeConfig.compile_layers: every layout's model compiles its layers; the hot-switched
+    # run (dp2 for short sequences, the home tp2 for the rest) trains as the eager one, fp32
+    # within 1e-5.
+    fixed = [[60, "dp2"], [256, "tp2"]]
+    out = run_world(2, w.train_compiled, ["dp2", "tp2"], fixed, "tp2", timeout=900)
+    (steps, weights), (ref_steps, ref_weights) = out[0][True], out[0][False]
+    assert [s[1] for s in steps] == [s[1] for s in ref_steps]
+    assert any(len(s[1]) > 1 for s in steps), steps  # some step switched
+    np.testing.assert_allclose([s[0] for s in steps], [s[0] for s in ref_steps], rtol=1e-5)
+    for name in ref_weights:
+        np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -389,3 +389,19 @@ def cp_cost_model_in_runtime(rank, world):
                     recalibrate=False)
     return {l.name: (rt.planner.micro_batch_budget(i), rt.planner.candidate_model(i).terms.cp)
             for i, l in enumerate(rt.candidates)}, rt.home.name
+
+
+def train_compiled(rank, world, candidates, fixed_plan, home):
+    """Two fp32 runs of two of STEPS (the second and third: several phases each) under one
+    fixed plan from ``home``, eager then with ``compile_layers``. Per run: per step (loss,
+    layouts), and the full weights (rank 0)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
+    out = {}
+    for compiled in (False, True):
+        rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(1 << 40), max_context=MAX_CONTEXT,
+                        seed=7, recalibrate=False, fixed_plan=fixed_plan, compile_layers=compiled,
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+        steps = [(r.loss, r.layouts) for r in (rt.train_step(batch(STEPS[i], i)) for i in (1, 2))]
+        weights = rt.full_weights()
+        out[compiled] = (steps, _numpy(weights) if rank == 0 else None)
+    return out
