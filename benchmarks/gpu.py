@@ -295,9 +295,9 @@ def _layers(rank, world, spec):
         kernel = select_kernel(device, compute, cfg.head_dim, spec["attention"])
         region = LocalRegion()  # one TP rank's layer without its group: the shard's compute only
         for layer in layers:
-            layer.kernels = "torch" if spec["compile"] else select_fused(device)
+            layer.kernels = select_fused(device)
             if spec["compile"]:  # as ParallelTransformer(compile_layers=True)
-                layer.run_pair = torch.compile(layer.forward_pair, dynamic=True)
+                layer.compile_pair()
         for budget, packs in spec["packs"].items():
             contexts = []
             for pack in packs:

@@ -187,18 +187,13 @@ class _Region:
         return gathered_linear(x, weight, self.group, self.size, self.index)
 
 
-class LocalRegion:
-    """A layer's region without a group: every collective is the identity, so a rank's shard
-    layer computes alone (as a benchmark times tp shard shapes on one device)."""
+class LocalRegion(_Region):
+    """A layer's region without a group: every collective is the identity (as for a group of
+    one), so a rank's shard layer computes alone (as a benchmark times tp shard shapes on one
+    device)."""
 
-    def gather(self, x):
-        return x
-
-    def scatter(self, x):
-        return x
-
-    def linear(self, x, weight):
-        return F.linear(x, weight)
+    def __init__(self):
+        self.group, self.size, self.index = None, 1, 0
 
 
 class TransformerLayer(nn.Module):
@@ -224,8 +219,14 @@ class TransformerLayer(nn.Module):
         self.kernels = "torch"
         # The matrix weights in the compute dtype for the current call (see ParallelTransformer).
         self.compute_weights: Dict[str, torch.Tensor] = {}
-        # What the model calls for forward_pair: the method, or its compiled form.
+        # What the model calls for forward_pair: the method, or its compiled form (compile_pair).
         self.run_pair = self.forward_pair
+
+    def compile_pair(self) -> None:
+        """``run_pair`` becomes ``torch.compile(forward_pair, dynamic=True)``, over the PyTorch
+        path of the fused steps, which inductor fuses itself (``compile_layers``)."""
+        self.kernels = "torch"
+        self.run_pair = torch.compile(self.forward_pair, dynamic=True)
 
     def use_compute_copies(self) -> None:
         """Computes with fresh compute-dtype copies of the matrix weights (``compute_copy``:
@@ -376,7 +377,7 @@ class ParallelTransformer(nn.Module):
         for layer in self.layers.values():
             layer.kernels = self.kernels
             if compile_layers:
-                layer.run_pair = torch.compile(layer.forward_pair, dynamic=True)
+                layer.compile_pair()
         if groups.is_last_stage:
             self.final_norm = Shard(shards["final_norm.weight"])
             if not config.tied_embedding:
