@@ -304,6 +304,7 @@ def _layers(rank, world, spec):
                 mb = hs.MicroBatch.from_sequences([torch.randint(0, cfg.vocab_size, (n,)) for n in pack])
                 ctx = PackContext(mb, cfg, 1, device, kernel)
                 ctx.attention = PackAttention(mb.cu_seqlens, kernel, cfg.num_attention_heads // tp, device)
+                ctx.attention.prepare(compute)  # as the model prepares its packs: no call has a side effect
                 contexts.append(ctx)
             attention = "+".join(sorted({c.attention.kernel for c in contexts}))
             grads = [torch.randn(ctx.num_tokens, cfg.hidden_size, device=device) for ctx in contexts]
