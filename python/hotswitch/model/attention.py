@@ -61,7 +61,7 @@ from hotswitch.model.batch import to_device
 
 __all__ = ["CONTEXT_KERNEL_FUNCTIONS", "FLASH_KERNELS", "KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES",
            "LengthGroups", "PackAttention", "available_kernels", "document_mask", "flex_document_mask",
-           "select_kernel", "varlen_attention"]
+           "select_kernel", "sequence_capacity", "varlen_attention"]
 
 _log = get_logger("model")
 
@@ -353,6 +353,13 @@ class LengthGroups:
         self.inverse[flat] = torch.arange(flat.numel(), dtype=torch.int64, device=flat.device)
 
 
+def sequence_capacity(sequences: int) -> int:
+    """The sequence count a static pack's bounds are padded to (``PackAttention(static=True)``):
+    the power of two at or above ``sequences``, at least 8, so that packs of one token count
+    take a few shapes, not one per sequence count."""
+    return max(8, 1 << (int(sequences) - 1).bit_length())
+
+
 class PackAttention:
     """Causal attention within each sequence of one pack, for ``kernel``.
 
@@ -361,9 +368,16 @@ class PackAttention:
     ``kernel`` is the kernel chosen by ``select_kernel``; ``self.kernel`` is the one this
     pack runs (``grouped`` for a pack over the mask kernels' bound). Everything the kernel
     needs of the pack is built here, once, so every layer's call is one kernel call.
+
+    ``static``: what a call takes has the same shapes and ints for every pack of ``T``
+    tokens, so that a captured CUDA graph replays for any of them: the flash kernels' bounds
+    end in empty sequences up to ``sequence_capacity(n)`` and their longest sequence is
+    taken as ``T``. The mask and flex kernels' tensors depend on ``T`` alone already;
+    ``grouped`` has one call per distinct length and is never static.
     """
 
-    def __init__(self, cu_seqlens: torch.Tensor, kernel: str, heads: int, device: torch.device):
+    def __init__(self, cu_seqlens: torch.Tensor, kernel: str, heads: int, device: torch.device,
+                 static: bool = False):
         if kernel not in KERNELS:
             raise ValueError(f"attention kernel {kernel!r} is not one of {', '.join(KERNELS)}")
         cu = torch.as_tensor(cu_seqlens, dtype=torch.int64).cpu()
@@ -375,8 +389,13 @@ class PackAttention:
             kernel = "grouped"
         self.kernel = kernel
         if kernel in FLASH_KERNELS:
+            if static:
+                # The shapes and ints a call takes depend on the token count alone, up to the
+                # sequence capacity: a CUDA graph captured for one pack replays for the next.
+                capacity = sequence_capacity(self.num_sequences)
+                cu = torch.cat([cu, cu[-1:].expand(capacity - self.num_sequences)])
             self.cu_seqlens = to_device(cu, device, torch.int32)
-            self.max_length = int(lengths.max())
+            self.max_length = t if static else int(lengths.max())
         elif kernel == "grouped":
             self.groups = LengthGroups(lengths, device)
         else:

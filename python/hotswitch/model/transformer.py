@@ -2,7 +2,7 @@
 
 import functools
 import math
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -31,13 +31,16 @@ _log = get_logger("model")
 
 # A layer's weights that enter matrix products (and so the compute dtype).
 _MATRICES = ("qkv", "proj", "gate_up", "down")
+# All of a layer's weights, in its parameters' order.
+_LAYER_WEIGHTS = ("input_norm", "qkv", "proj", "post_norm", "gate_up", "down")
 
 
 def _add_grad_into(param: torch.Tensor, copy: torch.Tensor) -> None:
     """A compute-dtype copy's accumulated gradient -> its parameter's ``.grad`` (as autograd
     accumulates: the first becomes ``.grad``, later ones add in place)."""
     if param.grad is None:
-        param.grad = copy.grad.to(param.dtype)
+        # A copy even in the same dtype: a CUDA graph's output is overwritten by its next replay.
+        param.grad = copy.grad.to(param.dtype, copy=True)
     else:
         param.grad.add_(copy.grad)
     copy.grad = None
@@ -67,8 +70,9 @@ def _recomputed(fn, *args):
 
 class PackContext:
     """What every layer needs of one micro-batch under a layout: the pack padded to a
-    multiple of ``tp`` (padding tokens form one extra sequence with no targets, so they
-    attend only to each other), rotary tables of the per-sequence positions, the pack's
+    multiple of ``tp``, or to ``pad_to`` tokens (a graph bucket: the pack then runs the
+    layers' captured graphs, ``graphed``, and its attention is static), padding tokens forming
+    one extra sequence with no targets, so they attend only to each other; rotary tables of the per-sequence positions, the pack's
     attention (``PackAttention`` for ``kernel``: masks or indices built once, one kernel call
     per layer), and the targets. Built with tensor operations only, whatever the number of
     sequences.
@@ -86,14 +90,21 @@ class PackContext:
     """
 
     def __init__(self, mb: MicroBatch, config: TransformerConfig, tp: int, device: torch.device,
-                 kernel: str = "grouped", cp: int = 1, cp_rank: int = 0, cp_gather=None):
+                 kernel: str = "grouped", cp: int = 1, cp_rank: int = 0, cp_gather=None,
+                 pad_to: Optional[int] = None):
         n = mb.num_tokens
         self.num_targets = mb.num_targets
         self._rotary: Dict[torch.dtype, Tuple[torch.Tensor, torch.Tensor]] = {}
+        # Whether the pack runs the layers' captured graphs (padded to a graph bucket).
+        self.graphed = pad_to is not None
+        if pad_to is not None and (cp > 1 or isinstance(pad_to, bool) or not isinstance(pad_to, int)
+                                   or pad_to < n or pad_to % tp):
+            raise ValueError(f"pad_to must be an int >= the pack's {n} tokens and a multiple of tp ({tp}), "
+                             f"without context parallelism (cp {cp}); got {pad_to!r}")
         if cp > 1:
             self._init_context(mb, config, tp, device, kernel, cp, cp_rank, cp_gather)
             return
-        padded = -(-n // tp) * tp
+        padded = -(-n // tp) * tp if pad_to is None else pad_to
         cu = mb.cu_seqlens
         if padded > n:
             cu = torch.cat([cu, torch.tensor([padded], dtype=torch.int64)])
@@ -113,7 +124,7 @@ class PackContext:
         self.weights = to_device(weights, device)
         self.cos, self.sin = rotary_tables(to_device(positions, device), config.head_dim, config.rope_theta,
                                            getattr(torch, config.dtype), config.rope_scaling_dict)
-        self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device)
+        self.attention = PackAttention(cu, kernel, config.num_attention_heads // tp, device, static=self.graphed)
 
     def rotary(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` in ``dtype``, cast at the first call and shared by every layer after
@@ -196,6 +207,28 @@ class LocalRegion(_Region):
         self.group, self.size, self.index = None, 1, 0
 
 
+def _pair_of(layer: "TransformerLayer", x, delta, ctx, region):
+    return layer.forward_pair(x, delta, ctx, region)
+
+
+_graphed: Dict[str, Callable] = {}
+
+
+def graphed_pair() -> Callable:
+    """``f(layer, x, delta, ctx, region) = layer.forward_pair(x, delta, ctx, region)`` through
+    ``torch.compile(dynamic=True)`` with CUDA graphs (``mode="reduce-overhead"``) where CUDA
+    is available: one compiled graph for every layer and pack, and, on a CUDA device, one
+    captured graph per layer and distinct input shape, replayed with a launch or two instead of
+    the layer's kernels. Packs padded to a few token counts (``PackContext(pad_to=...)``) so
+    take a few shapes. On the CPU the same compiled graph runs without capture. Built once per
+    process; a function of its own, so that its compiled code does not share
+    ``compile_pair``'s cache."""
+    mode = "reduce-overhead" if torch.cuda.is_available() else "default"
+    if mode not in _graphed:
+        _graphed[mode] = torch.compile(_pair_of, dynamic=True, mode=mode)
+    return _graphed[mode]
+
+
 class TransformerLayer(nn.Module):
     """One decoder layer's local shards and forward.
 
@@ -221,6 +254,8 @@ class TransformerLayer(nn.Module):
         self.compute_weights: Dict[str, torch.Tensor] = {}
         # What the model calls for forward_pair: the method, or its compiled form (compile_pair).
         self.run_pair = self.forward_pair
+        # What it calls for a pack padded to a graph bucket (PackContext.graphed): graphed_pair.
+        self.run_graphed = functools.partial(graphed_pair(), self)
 
     def compile_pair(self) -> None:
         """``run_pair`` becomes ``torch.compile(forward_pair, dynamic=True)``, over the PyTorch
@@ -238,8 +273,9 @@ class TransformerLayer(nn.Module):
                                 for part in _MATRICES if getattr(self, part).weight.dtype != self.compute_dtype}
 
     def weight(self, part: str) -> torch.Tensor:
-        """The weight of ``part`` to compute with: its compute-dtype copy during a call that
-        made one, else the parameter."""
+        """The weight of ``part`` to compute with: its copy during a call that made one (a
+        matrix's in the compute dtype; under graph buckets every weight's), else the
+        parameter."""
         copy = self.compute_weights.get(part)
         return copy if copy is not None else getattr(self, part).weight
 
@@ -259,9 +295,9 @@ class TransformerLayer(nn.Module):
         # The norms' outputs enter the matrix products (and the TP all-gather) in the compute dtype.
         kernels, dtype = self.kernels, self.compute_dtype
         if delta is None:
-            h = norm(x, self.input_norm.weight, self.eps, dtype, kernels)
+            h = norm(x, self.weight("input_norm"), self.eps, dtype, kernels)
         else:
-            x, h = add_norm(x, delta, self.input_norm.weight, self.eps, dtype, kernels)
+            x, h = add_norm(x, delta, self.weight("input_norm"), self.eps, dtype, kernels)
         qkv = region.linear(h, self.weight("qkv"))
         # The fused kernel rounds the fp32 tables to qkv's dtype itself, as the PyTorch path's cast does.
         cos, sin = (ctx.cos, ctx.sin) if kernels == "triton" else ctx.rotary(qkv.dtype)
@@ -271,7 +307,7 @@ class TransformerLayer(nn.Module):
         else:
             o = ctx.attention(q, k, v)
         o = o.reshape(-1, hq * d)
-        x, h = add_norm(x, region.scatter(F.linear(o, self.weight("proj"))), self.post_norm.weight, self.eps,
+        x, h = add_norm(x, region.scatter(F.linear(o, self.weight("proj"))), self.weight("post_norm"), self.eps,
                         dtype, kernels)
         a = swiglu(region.linear(h, self.weight("gate_up")), kernels)
         return x, region.scatter(F.linear(a, self.weight("down")))
@@ -313,6 +349,18 @@ class ParallelTransformer(nn.Module):
     tensor-parallel products' backward overlap) stay eager: at tp > 1 the graph breaks around
     them. The first call compiles (tens of seconds); a new layout compiles its own shapes.
 
+    ``graph_buckets``: token counts at which the layers run from CUDA graphs (data-parallel
+    layouts only: tp, pp and cp 1). A micro-batch given a bucket (``forward_backward``'s
+    ``graph_tokens``; by default the smallest bucket that holds it) is padded to it, and its
+    layers run through ``graphed_pair``: compiled, and on a CUDA device captured once per
+    layer and shape and replayed, so a layer's forward and backward cost a graph launch
+    instead of a launch per kernel, at the price of the padding's work. The planner weighs
+    the two per micro-batch (``CostOptions.graph_buckets``). Every weight of a layer then
+    computes through a kept copy (``_make_compute_copies``), refreshed in place and never
+    freed, so the graphs read it at the address they captured and no gradient aliases a
+    graph's output. Under ``recompute="full"`` every pack runs unpadded. The fused steps take
+    the PyTorch path, as with ``compile_layers``.
+
     ``recompute`` (settable between steps): activation recomputation, Megatron-LM's
     ``--recompute-granularity``. ``"none"``; ``"selective"``: each layer's attention core
     (softmax(QK^T)V) reruns in the backward pass instead of keeping its activations;
@@ -328,7 +376,8 @@ class ParallelTransformer(nn.Module):
     def __init__(self, config: TransformerConfig, layout: "_C.Layout", groups: ParallelGroups,
                  seed: int = 0, shards: Optional[Dict[str, torch.Tensor]] = None,
                  attention: Optional[str] = None, recompute: str = "none", recompute_num_layers: int = 1,
-                 kernels: Optional[str] = None, compile_layers: bool = False):
+                 kernels: Optional[str] = None, compile_layers: bool = False,
+                 graph_buckets: Optional[Sequence[int]] = None):
         super().__init__()
         if not isinstance(config, TransformerConfig):
             raise ValueError(f"config must be a hotswitch.TransformerConfig, got {type(config).__name__}")
@@ -358,8 +407,9 @@ class ParallelTransformer(nn.Module):
         if compile_layers and kernels not in (None, "torch"):
             raise ValueError(f"compile_layers=True compiles the layers' element-wise steps itself; kernels must be "
                              f"None or 'torch', got {kernels!r}")
+        self.graph_buckets = self._check_buckets(graph_buckets, config, layout, kernels)
         self.compile_layers = compile_layers
-        self.kernels = "torch" if compile_layers else select_fused(self.device, kernels)
+        self.kernels = "torch" if compile_layers or self.graph_buckets else select_fused(self.device, kernels)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
         self._expected = {self.tensor_set.specs[t].name: tuple(shape)
                           for t, shape, _ in placement.buffers(groups.rank)}
@@ -401,6 +451,28 @@ class ParallelTransformer(nn.Module):
         self._copies: Dict[str, Tuple[torch.Tensor, int, torch.Tensor]] = {}
         self.recompute_num_layers = recompute_num_layers
         self.recompute = recompute
+
+    @staticmethod
+    def _check_buckets(buckets, config, layout, kernels) -> Tuple[int, ...]:
+        if buckets is None:
+            return ()
+        if isinstance(buckets, (str, bytes)) or not isinstance(buckets, (list, tuple)) or not buckets or any(
+                isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= config.max_position_embeddings
+                for b in buckets) or len(set(buckets)) != len(buckets):
+            raise ValueError(f"graph_buckets must be a non-empty list of distinct token counts in [1, "
+                             f"max_position_embeddings({config.max_position_embeddings})], got {buckets!r}")
+        if layout.tp != 1 or layout.pp != 1 or layout.cp != 1:
+            raise ValueError(f"graph_buckets: layers run from CUDA graphs only under data parallelism (tp, pp and "
+                             f"cp 1), got layout {layout}")
+        if kernels not in (None, "torch"):
+            raise ValueError(f"graph_buckets compiles the layers' element-wise steps itself; kernels must be None "
+                             f"or 'torch', got {kernels!r}")
+        return tuple(sorted(buckets))
+
+    def graph_tokens(self, micro_batches: Sequence[MicroBatch]) -> List[int]:
+        """Per micro-batch, the graph bucket it runs padded to by default: the smallest that
+        holds its tokens, or 0 (no bucket holds it, or no graph buckets: it runs as it is)."""
+        return [next((b for b in self.graph_buckets if b >= mb.num_tokens), 0) for mb in micro_batches]
 
     @property
     def recompute(self) -> str:
@@ -444,7 +516,7 @@ class ParallelTransformer(nn.Module):
         result of a switch) the parameters' data, without a copy. Checks every shard first,
         so a ``ValueError`` changes nothing. Gradients are left as they are."""
         self._check_shards(shards)
-        self.drop_compute_copies()
+        self._forget_copy_sources()
         params = self.named_shards()
         with torch.no_grad():
             for name, p in params.items():
@@ -507,62 +579,109 @@ class ParallelTransformer(nn.Module):
         ``.grad`` and dropped: the same sums, bit for bit, as autocast's cast and its backward,
         without the two casts per weight and micro-batch.
 
-        The copies are kept between calls and cast again only for a parameter that changed
-        since: an in-place update (the optimizer's step, ``copy_``) moves its version counter,
-        and new data (``load_shards``, ``drop_compute_copies``) drops them all. So a step
-        of several calls casts once, after the update. A kept copy holds on to the data it was
-        cast from, so no new tensor can take that address while it is kept. A no-op when the
-        compute dtype is the parameters'."""
-        if self.compute_dtype == self.dtype or not self._copy_weights:
+        The copies are kept between calls and cast again, in place, only for a parameter that
+        changed since: an in-place update (the optimizer's step, ``copy_``) moves its version
+        counter, and new data (``load_shards``) is new. So a step of several calls casts once,
+        after the update. A kept copy holds on to the data it was cast from, so no new tensor
+        can take that address while it is kept. A no-op when the compute dtype is the
+        parameters', except under graph buckets: then every weight of every layer computes
+        through a copy (the norms' in their own dtype), whose address never changes."""
+        graphs = bool(self.graph_buckets)
+        if not graphs and (self.compute_dtype == self.dtype or not self._copy_weights):
             return
 
-        def copy(key: str, p: torch.Tensor) -> torch.Tensor:
+        def copy(key: str, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             kept = self._copies.get(key)
-            if kept is not None and kept[0].data_ptr() == p.data_ptr() and kept[1] == p._version:
-                w = kept[2]
+            if kept is not None:
+                source, version, w = kept
                 w.grad = None  # nothing of a call that failed half-way
-                return w
-            w = compute_copy(p, self.compute_dtype)
+                if source is not None and source.data_ptr() == p.data_ptr() and version == p._version:
+                    return w
+                if w.shape == p.shape:
+                    with torch.no_grad():
+                        w.copy_(p)
+                    self._copies[key] = (p.detach(), p._version, w)
+                    return w
+            w = compute_copy(p, dtype)
+            if graphs and w.is_cuda:
+                # Not a guard (one compiled graph serves every layer): the captured graphs read it in place.
+                torch._dynamo.mark_static_address(w, guard=False)
             self._copies[key] = (p.detach(), p._version, w)
             return w
 
         for i, layer in self.layers.items():
-            layer.compute_weights = {part: copy(f"{i}.{part}", getattr(layer, part).weight) for part in _MATRICES}
+            weights = {}
+            for part in _LAYER_WEIGHTS if graphs else _MATRICES:
+                p = getattr(layer, part).weight
+                weights[part] = copy(f"{i}.{part}", p, self.compute_dtype if part in _MATRICES else p.dtype)
+            layer.compute_weights = weights
         # A tied head on the embedding's own stage stays with autocast: there its gradient must
         # join the lookup's before accumulating, as autograd sums them, to stay bitwise alike.
-        if self.groups.is_last_stage and not (self.config.tied_embedding and self.groups.is_first_stage):
-            self._head_copy = copy("head", self.embedding.weight if self.config.tied_embedding else self.head.weight)
+        if self.compute_dtype != self.dtype and self._copy_weights and self.groups.is_last_stage and \
+                not (self.config.tied_embedding and self.groups.is_first_stage):
+            head = self.embedding.weight if self.config.tied_embedding else self.head.weight
+            self._head_copy = copy("head", head, self.compute_dtype)
 
     def _end_compute_copies(self, failed: bool) -> None:
         """After a call: the layers compute with the parameters again (autocast) until the next
-        call; the copies are kept for it unless the call failed."""
+        call; the copies are kept for it, to be cast again if the call failed."""
         for layer in self.layers.values():
             layer.compute_weights = {}
         self._head_copy = None
         if failed:
-            self._copies.clear()
+            self._forget_copy_sources()
+
+    def _forget_copy_sources(self) -> None:
+        """The kept copies stay, but each is cast again, in place, at its next use; the data
+        they were cast from is no longer held."""
+        self._copies = {k: (None, -1, w) for k, (_, _, w) in self._copies.items()}
 
     def drop_compute_copies(self) -> None:
         """Frees the kept compute-dtype copies of the matrix weights (and the reference they
-        hold to the data they were cast from); the next call casts afresh."""
+        hold to the data they were cast from); the next call casts afresh. Under graph buckets
+        the copies stay, since the captured graphs read them at their addresses: only the
+        reference to their source is dropped."""
         self._end_compute_copies(failed=True)
+        if not self.graph_buckets:
+            self._copies.clear()
 
     def _run_layers(self, layers, x: torch.Tensor, delta: Optional[torch.Tensor], ctx: PackContext):
         """``layers`` on the residual stream ``x + delta``; returns the last one's pair."""
         for layer in layers:
-            x, delta = layer.run_pair(x, delta, ctx, self._region)
+            run = layer.run_graphed if ctx.graphed else layer.run_pair
+            x, delta = run(x, delta, ctx, self._region)
         return x, delta
 
-    def _contexts(self, micro_batches, kernel: str):
+    def _contexts(self, micro_batches, kernel: str, graph_tokens: Optional[Sequence[int]] = None):
         g = self.groups
+        pads = graph_tokens if graph_tokens is not None else [0] * len(micro_batches)
         contexts = [PackContext(mb, self.config, self.layout.tp, self.device, kernel, cp=self.layout.cp,
-                                cp_rank=g.cp_rank, cp_gather=self._context.gather) for mb in micro_batches]
+                                cp_rank=g.cp_rank, cp_gather=self._context.gather, pad_to=pad or None)
+                    for mb, pad in zip(micro_batches, pads)]
         for ctx in contexts:
             # What the attention caches at its first call is built here, before any layer runs, so
             # that no call has a side effect: a recomputed call must save what the first one
             # saved, and a compiled layer must not build it in one graph and not in the next.
             ctx.attention.prepare(self.compute_dtype)
+            ctx.rotary(self.compute_dtype)
         return contexts
+
+    def _check_graph_tokens(self, micro_batches, graph_tokens) -> List[int]:
+        """``forward_backward``'s ``graph_tokens``, checked; the default where None; all 0
+        under full recomputation."""
+        if graph_tokens is None:
+            tokens = self.graph_tokens(micro_batches)
+        else:
+            if not isinstance(graph_tokens, (list, tuple)) or len(graph_tokens) != len(micro_batches):
+                raise ValueError(f"graph_tokens must be a list of one int per micro-batch ({len(micro_batches)}), "
+                                 f"got {graph_tokens!r}")
+            for i, (mb, b) in enumerate(zip(micro_batches, graph_tokens)):
+                if b != 0 and (isinstance(b, bool) or b not in self.graph_buckets or b < mb.num_tokens):
+                    raise ValueError(f"graph_tokens[{i}] must be 0 or one of the graph buckets "
+                                     f"{list(self.graph_buckets)} holding the micro-batch's {mb.num_tokens} "
+                                     f"tokens, got {b!r}")
+            tokens = [int(b) for b in graph_tokens]
+        return [0] * len(tokens) if self._recompute == "full" else tokens
 
     def _replica_loss(self, loss_sum: torch.Tensor) -> torch.Tensor:
         """The last stage's loss of this cp rank's tokens -> the replica's loss, on every
@@ -589,7 +708,8 @@ class ParallelTransformer(nn.Module):
             raise ValueError(f"loss_scale must be a finite number, got {loss_scale!r}")
 
     def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_scale: float = 1.0,
-                         before_forward: Optional[Callable[[], None]] = None) -> Tuple[float, int]:
+                         before_forward: Optional[Callable[[], None]] = None,
+                         graph_tokens: Optional[Sequence[int]] = None) -> Tuple[float, int]:
         """Forward and backward of this data replica's micro-batches on this rank's stage.
 
         Every pipeline stage and TP rank of the replica passes the same list (any number,
@@ -598,7 +718,10 @@ class ParallelTransformer(nn.Module):
         ``.grad`` (pass 1 / the global batch's target count to get the global mean). Runs the
         1F1B schedule when pp > 1. No data-parallel reduction happens here. ``before_forward``,
         when given, is called before each micro-batch's forward on this stage (the runtime's
-        ``"forward"`` hook point).
+        ``"forward"`` hook point). ``graph_tokens``: per micro-batch, the graph bucket it is
+        padded to and run from the layers' graphs, or 0 (see the class; default
+        ``graph_tokens(micro_batches)``); ``ValueError`` for a bucket that is not one or does not
+        hold the micro-batch.
 
         Returns ``(loss_sum, num_targets)`` of the replica's micro-batches, unscaled (float,
         int), on every rank of the replica. Collective over the replica's TP, CP and PP groups;
@@ -606,6 +729,7 @@ class ParallelTransformer(nn.Module):
         and its gradients are the summand of its tokens.
         """
         self._check_batches(micro_batches, loss_scale)
+        graph_tokens = self._check_graph_tokens(micro_batches, graph_tokens)
         g = self.groups
         if self._tp_partial and not self._pending:
             # Gradients already summed over TP stay aside, so the next sum adds only new partials.
@@ -616,14 +740,19 @@ class ParallelTransformer(nn.Module):
                     self._finished[name] = self._finished[name] + p.grad if name in self._finished else p.grad
                     p.grad = None
         self._pending = True
-        contexts = self._contexts(micro_batches, self.attention_kernel)
+        contexts = self._contexts(micro_batches, self.attention_kernel, graph_tokens)
         self._make_compute_copies()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        captures = self.device.type == "cuda" and any(graph_tokens)
 
         def forward(i: int, x: Optional[torch.Tensor]) -> torch.Tensor:
             nonlocal loss_sum
             if before_forward is not None:
                 before_forward()
+            if captures:
+                # Each micro-batch (forward, then its backward: pp 1) is a new iteration of the
+                # captured graphs: the previous one's outputs and gradients are consumed.
+                torch.compiler.cudagraph_mark_step_begin()
             y = self._stage_forward(contexts[i], x)
             if g.is_last_stage:
                 loss_sum = loss_sum + y.detach().double()

@@ -347,9 +347,11 @@ def compute_copies_parity(rank, world, layout_name, tied):
         losses, reused = [], []
 
         def call(fn):
-            before = {k: v[2] for k, v in model._copies.items()}
+            # A copy is reused when it is the same tensor, not cast into again (in place).
+            before = {k: (v[2], v[2]._version) for k, v in model._copies.items()}
             losses.append(fn()[0])
-            reused.append(bool(before) and all(model._copies[k][2] is w for k, w in before.items()))
+            reused.append(bool(before) and all(model._copies[k][2] is w and w._version == version
+                                               for k, (w, version) in before.items()))
 
         step1, step2, held_out = batches()[:3]
         call(lambda: model.forward_backward(step1, 1.0 / hs.count_targets(step1)))
@@ -483,3 +485,74 @@ def compile_bad_input(rank, world):
         except ValueError as e:
             messages.append(str(e))
     return messages
+
+
+def graphed_layers_parity(rank, world, recompute, compute_dtype):
+    """The model with graph buckets (32 and 64 tokens) against the same model without, on
+    the same micro-batches over two calls (packs of up to 32, up to 64 and over 64 tokens):
+    per call the loss, then the gradients, per call the compiled graphs counted after it and
+    the tokens of each pack as the layers ran it (and whether from the graphs), the graph
+    breaks and inductor's CUDA graph counters."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    cfg = config(tied=False, compute_dtype=compute_dtype)
+    layout = hs.Layout()
+    calls = batches(seed=21, step_lengths=[[[5, 11, 1], [31, 30], [70]], [[2, 3, 5, 7, 9], [17, 19], [40, 21]]])
+    out = {}
+    for buckets in (None, [64, 32]):
+        model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5, recompute=recompute,
+                                       kernels="torch", graph_buckets=buckets)
+        losses, graphs = [], []
+        contexts = model._contexts
+        packs = []
+
+        def recorded(*args, **kwargs):
+            built = contexts(*args, **kwargs)
+            packs.extend((ctx.num_tokens, ctx.graphed) for ctx in built)
+            return built
+
+        model._contexts = recorded
+        for micro_batches in calls:
+            packs.clear()
+            losses.append(model.forward_backward(micro_batches, 1.0 / hs.count_targets(micro_batches))[0])
+            graphs.append((counters["stats"]["unique_graphs"], list(packs)))
+        out[buckets is not None] = losses, _numpy(model.grad_shards()), graphs
+    breaks = sorted({str(reason).split("\n")[0] for reason in counters["graph_break"]})
+    # Where a CUDA device captures graphs: the ones inductor did not capture, and why.
+    skips = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+    return out, breaks, skips
+
+
+def graph_bucket_errors(rank, world):
+    """The messages of bad graph buckets and graph tokens (world 1), and whether a refused
+    call changed the gradients."""
+    layout = hs.Layout.parse("tp2" if world == 2 else "dp1")
+    groups = hs.ParallelGroups(layout)
+    if world == 2:
+        try:
+            hs.ParallelTransformer(config(), layout, groups, graph_buckets=[32])
+        except ValueError as e:
+            return [str(e)]
+        return [None]
+    messages = []
+    for kwargs in (dict(graph_buckets=[]), dict(graph_buckets=[32, 32]), dict(graph_buckets=[0]),
+                   dict(graph_buckets=[1000]), dict(graph_buckets="32"), dict(graph_buckets=[32], kernels="triton")):
+        try:
+            hs.ParallelTransformer(config(), layout, groups, **kwargs)
+            messages.append(None)
+        except ValueError as e:
+            messages.append(str(e))
+    model = hs.ParallelTransformer(config(), layout, groups, graph_buckets=[32, 64])
+    mbs = batches(seed=3, step_lengths=[[[20], [40]]])[0]
+    model.forward_backward(mbs, 1.0)
+    before = _numpy(model.grad_shards())
+    for tokens in ([32], [32, 32], [16, 64], [64, True], [64, 128]):
+        try:
+            model.forward_backward(mbs, 1.0, graph_tokens=tokens)
+            messages.append(None)
+        except ValueError as e:
+            messages.append(str(e))
+    after = _numpy(model.grad_shards())
+    return messages + [all((before[k] == after[k]).all() for k in before)]
