@@ -500,6 +500,11 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("micro_batch_cp_seconds", &LayoutTerms::microBatchCpSeconds,
                     "Of micro_batch_seconds, the cp collectives' latencies.")
       .def_readonly("cp", &LayoutTerms::cp)
+      .def_readonly("graphs", &LayoutTerms::graphs,
+                    "Whether micro-batches may run from CUDA graphs (graph buckets given; tp, pp and cp 1; no full "
+                    "recomputation).")
+      .def_readonly("graph_saved_seconds", &LayoutTerms::graphSavedSeconds,
+                    "Per micro-batch run from CUDA graphs, the fixed cost it does not pay.")
       .def_property_readonly("recompute", [](const LayoutTerms& t) { return std::string(recomputeName(t.recompute)); })
       .def_property_readonly("alpha", &LayoutTerms::alpha)
       .def("u", &LayoutTerms::u, py::arg("tokens"), "Critical-path seconds of one sequence on a stage.")
@@ -519,6 +524,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("static_bytes", &PhaseCost::staticBytes)
       .def_readonly("activation_bytes", &PhaseCost::activationBytes)
       .def_readonly("peak_bytes", &PhaseCost::peakBytes)
+      .def_readonly("graphed_micro_batches", &PhaseCost::graphedMicroBatches,
+                    "Over all replicas, the micro-batches run padded to a graph bucket, from CUDA graphs.")
       .def_readonly("fits", &PhaseCost::fits)
       .def_property_readonly("run_seconds", &PhaseCost::runSeconds,
                              "Seconds before the gradient reduction: what the micro-batches take.")
@@ -545,8 +552,11 @@ PYBIND11_MODULE(_C, m) {
   py::class_<CostModel>(m, "CostModel")
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
                        bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk,
-                       std::map<std::string, double> layoutScale) {
+                       std::map<std::string, double> layoutScale, std::vector<int64_t> graphBuckets,
+                       double graphLayerOverheadSeconds) {
              CostOptions o;
+             o.graphBuckets = std::move(graphBuckets);
+             o.graphLayerOverheadSeconds = graphLayerOverheadSeconds;
              o.zero = zero;
              o.sequenceParallel = sequenceParallel;
              o.flashAttention = flashAttention;
@@ -558,11 +568,25 @@ PYBIND11_MODULE(_C, m) {
            py::arg("model"), py::arg("hardware"), py::arg("topology"), py::arg("zero") = false,
            py::arg("sequence_parallel") = true, py::arg("flash_attention") = true, py::arg("cp_overlap") = 0.0,
            py::arg("cp_min_chunk") = 4, py::arg("layout_scale") = std::map<std::string, double>{},
+           py::arg("graph_buckets") = std::vector<int64_t>{}, py::arg("graph_layer_overhead_seconds") = 0.0,
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
            "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
            "cp_min_chunk: tokens of the smallest cp chunk (shorter sequences stay whole on one cp rank). "
-           "layout_scale: {layout name: factor > 0} on every time term of that layout (the others keep 1).")
+           "layout_scale: {layout name: factor > 0} on every time term of that layout (the others keep 1). "
+           "graph_buckets: ascending token counts at which data-parallel layouts' layers run from CUDA graphs, "
+           "a micro-batch padded to the smallest that holds it when that costs less than its launches; "
+           "graph_layer_overhead_seconds: the fixed seconds per layer of such a micro-batch (in place of the "
+           "profile's layer_overhead_seconds).")
+      .def_property_readonly("graph_buckets", [](const CostModel& c) { return c.options().graphBuckets; })
+      .def_property_readonly("graph_layer_overhead_seconds",
+                             [](const CostModel& c) { return c.options().graphLayerOverheadSeconds; })
+      .def("graph_tokens", [](const CostModel& c, const Layout& layout, const std::vector<int64_t>& lengths,
+                              std::optional<std::string> recompute) {
+        return c.graphTokens(recompute ? c.terms(layout, parseRecompute(*recompute)) : c.terms(layout), lengths);
+      }, py::arg("layout"), py::arg("lengths"), py::arg("recompute") = py::none(),
+           "The graph bucket a micro-batch of these sequence lengths runs padded to under the layout, or 0 when it "
+           "runs as it is.")
       .def_property_readonly("layout_scale", [](const CostModel& c) { return c.options().layoutScale; })
       .def_property_readonly("model", &CostModel::model)
       .def_property_readonly("hardware", &CostModel::hardware)
@@ -635,6 +659,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("cu_seqlens", &PlannedPhase::cuSeqlens,
                     "cu_seqlens[replica][k]: [0, l0, l0 + l1, ...] over micro-batch k's pieces.")
       .def_readonly("cost", &PlannedPhase::cost, "The exact packing's cost; cost.run_seconds is the phase's run.")
+      .def_readonly("graph_tokens", &PlannedPhase::graphTokens,
+                    "graph_tokens[replica][k]: the CUDA graph bucket micro-batch k runs padded to, 0 where it runs "
+                    "as it is.")
       .def_readonly("estimate_seconds", &PlannedPhase::estimateSeconds)
       .def_readonly("switch_in_seconds", &PlannedPhase::switchInSeconds)
       .def_readonly("switch_out_seconds", &PlannedPhase::switchOutSeconds)

@@ -181,6 +181,12 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
     HS_CHECK(std::isfinite(factor) && factor > 0, "layout_scale of ", name, " must be a finite factor > 0, got ",
              factor);
   }
+  for (size_t i = 0; i < options_.graphBuckets.size(); ++i) {
+    HS_CHECK(options_.graphBuckets[i] >= 1 && (i == 0 || options_.graphBuckets[i] > options_.graphBuckets[i - 1]),
+             "graph_buckets must be ascending token counts >= 1, got ", options_.graphBuckets[i], " at index ", i);
+  }
+  HS_CHECK(std::isfinite(options_.graphLayerOverheadSeconds) && options_.graphLayerOverheadSeconds >= 0,
+           "graph_layer_overhead_seconds must be finite and >= 0, got ", options_.graphLayerOverheadSeconds);
 }
 
 double CostModel::forwardFlops(int64_t s) const {
@@ -366,6 +372,9 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   out.gamma = layers * hardware_.sequenceOverheadSeconds;
   out.alphaCompute = layers * (productToken + attention * hardware_.attentionHalfLength + elementwise);
   out.microBatchSeconds = layers * (productMicroBatch + hardware_.layerOverheadSeconds);
+  // 12. CUDA graphs: data-parallel layouts that keep their activations.
+  out.graphs = !options_.graphBuckets.empty() && tp == 1 && pp == 1 && cp == 1 && !full;
+  if (out.graphs) out.graphSavedSeconds = layers * (hardware_.layerOverheadSeconds - options_.graphLayerOverheadSeconds);
 
   // 6. The head and the loss, on the last stage.
   const double headToken = 3.0 * 2.0 * h * vocab / flops + memorySeconds(3.0 * b * (h + vocab)) +
@@ -420,7 +429,8 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
     const double k = it->second;
     for (double* term : {&out.alphaCompute, &out.alphaTp, &out.beta, &out.gamma, &out.microBatchSeconds,
                          &out.microBatchTpSeconds, &out.lastStageAlpha, &out.lastStageMicroBatchSeconds,
-                         &out.p2pPerToken, &out.p2pLatency, &out.dpSeconds, &out.alphaCp, &out.microBatchCpSeconds}) {
+                         &out.p2pPerToken, &out.p2pLatency, &out.dpSeconds, &out.alphaCp, &out.microBatchCpSeconds,
+                         &out.graphSavedSeconds}) {
       *term *= k;
     }
   }
@@ -493,6 +503,12 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
       const double cpExchange = t.alphaCp * n + t.microBatchCpSeconds;
       last[k] = (t.alpha() - t.alphaCp) * rankTokens + t.beta * rankSquares + t.gamma * rankSequences +
                 t.microBatchSeconds + t.alphaCp * n;
+      if (const auto [bucket, added] = graphChoice(t, n); bucket > 0) {  // 12: padded, from the graphs
+        last[k] += added;
+        tokens.back().first = bucket;
+        tokens.back().second += (static_cast<double>(bucket) - n) * (static_cast<double>(bucket) - n);
+        ++cost.graphedMicroBatches;
+      }
       const double middle = last[k] - t.lastStageAlpha * rankTokens - t.lastStageMicroBatchSeconds;
       work += last[k];
       tpWork += t.alphaTp * rankTokens + t.microBatchTpSeconds;
@@ -542,6 +558,26 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
   cost.peakBytes = cost.staticBytes + cost.activationBytes;
   cost.fits = cost.peakBytes <= hardware_.memoryBytes;
   return cost;
+}
+
+std::pair<int64_t, double> CostModel::graphChoice(const LayoutTerms& t, double tokens) const {
+  if (!t.graphs || tokens <= 0) return {0, 0.0};
+  const auto& buckets = options_.graphBuckets;
+  const auto it = std::lower_bound(buckets.begin(), buckets.end(), tokens,
+                                   [](int64_t b, double n) { return static_cast<double>(b) < n; });
+  if (it == buckets.end()) return {0, 0.0};
+  const double pad = static_cast<double>(*it) - tokens;
+  const double added = t.alpha() * pad + t.beta * pad * pad + (pad > 0 ? t.gamma : 0.0) - t.graphSavedSeconds;
+  return added < 0 ? std::make_pair(*it, added) : std::make_pair(int64_t{0}, 0.0);
+}
+
+int64_t CostModel::graphTokens(const LayoutTerms& terms, const std::vector<int64_t>& lengths) const {
+  double tokens = 0;
+  for (int64_t s : lengths) {
+    HS_CHECK(s >= 1, "sequence length must be >= 1, got ", s);
+    tokens += static_cast<double>(s);
+  }
+  return graphChoice(terms, tokens).first;
 }
 
 double CostModel::stepSeconds(const Layout& layout) const {

@@ -109,6 +109,17 @@
 //    and sequences): the imbalance of uneven chunks and of the short sequences dealt whole.
 //    Gradients reduce over the data group, dp * cp ranks.
 //
+// 12. CUDA graphs (CostOptions::graphBuckets; hotswitch.model's graph buckets). A layout whose
+//    layers can run from captured graphs (tp, pp and cp 1, no full recomputation) may run a
+//    micro-batch of n tokens padded to the smallest bucket B >= n: the padding is one more
+//    sequence of B - n tokens, so the micro-batch costs alpha (B - n) + beta (B - n)^2 + gamma
+//    more (gamma only when B > n), and each layer's fixed cost is graphLayerOverheadSeconds
+//    instead of the profile's layerOverheadSeconds (LayoutTerms::graphSavedSeconds per
+//    micro-batch, scaled as the layout's other terms). A micro-batch runs from the graphs when
+//    that costs less than running it as it is (graphTokens); its activations are then of B
+//    tokens. Nobody else weighs the padding against the launches per micro-batch: systems
+//    that capture graphs pad every batch to one shape.
+//
 // Memory per rank, for the stage that holds the most: parameters (param bytes) and gradients
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided
 // over the data group under ZeRO), activations of the micro-batches in flight (1F1B keeps up
@@ -148,6 +159,11 @@ struct CostOptions {
   // layouts not listed keep 1. What a machine's measured phases say of one layout beyond
   // what the profile's shared coefficients explain (online re-calibration).
   std::map<std::string, double> layoutScale;
+  // CUDA graphs (12): the token counts at which layers run from captured graphs, ascending,
+  // each >= 1 (empty: no graphs), and the fixed seconds per layer of such a micro-batch
+  // (>= 0, finite), in place of the profile's layerOverheadSeconds.
+  std::vector<int64_t> graphBuckets;
+  double graphLayerOverheadSeconds = 0;
 };
 
 // One cp rank's part of a micro-batch (10 above): tokens, causal (query, key) pairs of its
@@ -186,6 +202,8 @@ struct LayoutTerms {
   double microBatchCpSeconds = 0;  // of microBatchSeconds: the cp collectives' latencies
   int cp = 1;                    // the layout's cp: alpha other than alphaCp and beta are per cp rank
   Recompute recompute = Recompute::kNone;  // what the terms (and the phase's memory) assume
+  bool graphs = false;           // micro-batches may run from CUDA graphs (12)
+  double graphSavedSeconds = 0;  // per micro-batch run from them: the fixed cost it does not pay
 
   double alpha() const { return alphaCompute + alphaTp + alphaCp; }
   // Critical-path seconds of one sequence on the last stage.
@@ -208,6 +226,7 @@ struct PhaseCost {
   int64_t activationBytes = 0;  // at the peak
   int64_t peakBytes = 0;
   bool fits = false;            // peakBytes <= the device's memory
+  int graphedMicroBatches = 0;  // over all replicas: the micro-batches run from CUDA graphs (12)
 
   // Seconds before the gradient reduction: what the phase's micro-batches take.
   double runSeconds() const { return totalSeconds - dpSeconds; }
@@ -282,12 +301,21 @@ class CostModel {
   // terms' recompute decides the memory.
   PhaseCost phase(const Layout& layout, const LayoutTerms& terms, const PhaseBatches& batches) const;
 
+  // The graph bucket a micro-batch of these sequence lengths runs padded to under the terms
+  // (12), or 0 when it runs as it is (no bucket holds it, the padding costs more than the
+  // launches it saves, or the terms' layout runs no graphs). Throws InvalidArgument for a
+  // length < 1.
+  int64_t graphTokens(const LayoutTerms& terms, const std::vector<int64_t>& lengths) const;
+
   // Seconds a training step spends after its last phase's gradient reduction when the
   // layout is the home layout (9 above): parameter all-gather under ZeRO, the optimizer's
   // update, the fixed step overhead.
   double stepSeconds(const Layout& layout) const;
 
  private:
+  // graphTokens of a micro-batch of `tokens` tokens, and the seconds running it from the
+  // graphs adds (< 0), or (0, 0).
+  std::pair<int64_t, double> graphChoice(const LayoutTerms& terms, double tokens) const;
   // The bandwidth and latency of a ring over the layout's groups along `axis` (4 above): inside
   // a node its links; across nodes the NICs of the group's ranks on each node.
   std::pair<double, double> groupLink(const Layout& layout, Axis axis) const;

@@ -388,7 +388,14 @@ PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const
   phase.cost = cost_.phase(l, m.terms, packing.lengths(lengths));
   for (const auto& replica : packing.microBatches) {
     auto& cu = phase.cuSeqlens.emplace_back();
-    for (const auto& mb : replica) cu.push_back(Packer::cuSeqlens(lengths, mb));
+    auto& graphed = phase.graphTokens.emplace_back();
+    for (const auto& mb : replica) {
+      cu.push_back(Packer::cuSeqlens(lengths, mb));
+      std::vector<int64_t> mbLengths;
+      mbLengths.reserve(mb.size());
+      for (int i : mb) mbLengths.push_back(lengths[i]);
+      graphed.push_back(cost_.graphTokens(m.terms, mbLengths));
+    }
   }
   phase.packing = std::move(packing);
   phase.estimateSeconds = agg.estimate(m);

@@ -60,6 +60,9 @@ struct PlannedPhase {
   // cu_seqlens of every micro-batch, [replica][k]: [0, l0, l0 + l1, ...] over its pieces.
   std::vector<std::vector<std::vector<int64_t>>> cuSeqlens;
   PhaseCost cost;              // exact packing; cost.runSeconds() is the phase's run time
+  // graphTokens[replica][k]: the CUDA graph bucket micro-batch k runs padded to, 0 where it
+  // runs as it is (CostModel::graphTokens; CostModel.h, 12).
+  std::vector<std::vector<int64_t>> graphTokens;
   double estimateSeconds = 0;  // E
   double switchInSeconds = 0;  // parameters from the previous phase's layout (home first)
   double switchOutSeconds = 0;  // parameters to the next phase's layout (home after the last)

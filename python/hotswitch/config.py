@@ -6,7 +6,7 @@ be left out of the check). The command line maps Megatron-LM's arguments onto it
 
 import dataclasses
 import math
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 from hotswitch._C import HardwareProfile, Layout, Topology
 from hotswitch._checks import check_bool, check_choice, check_int
@@ -170,6 +170,18 @@ class RuntimeConfig:
     element-wise steps instead of the Triton kernels). The first micro-batch under each layout
     compiles it, and the start-up probe, when on, times the compiled layers."""
 
+    graph_buckets: Optional[List[int]] = None
+    """Token counts at which the data-parallel layouts' layers (tp, pp and cp 1) run from CUDA
+    graphs (``ParallelTransformer(graph_buckets=...)``): the planner pads a micro-batch to the
+    smallest that holds it when the padding costs less than the launches it saves
+    (``CostModel(graph_buckets=...)``), and the plan's ``graph_tokens`` say which. Needs
+    ``graph_layer_overhead_seconds``."""
+
+    graph_layer_overhead_seconds: Optional[float] = None
+    """The fixed seconds per layer of a micro-batch run from the graphs, in place of the
+    hardware profile's ``layer_overhead_seconds``: measured on the device
+    (``hotswitch.calibration.measure_micro_batch(..., graphs=True)``)."""
+
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
         check_choice("grad_method", self.grad_method, GRAD_METHODS)
@@ -212,6 +224,19 @@ class RuntimeConfig:
                              f"{self.loss_scaling!r}")
         if self.topology is not None and not isinstance(self.topology, Topology):
             raise ValueError(f"topology must be a hotswitch.Topology, got {self.topology!r}")
+        if self.graph_buckets is not None:
+            buckets = self.graph_buckets
+            if isinstance(buckets, (str, bytes)) or not isinstance(buckets, (list, tuple)) or not buckets or any(
+                    isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets) or \
+                    len(set(buckets)) != len(buckets):
+                raise ValueError(f"graph_buckets must be a non-empty list of distinct token counts >= 1, got "
+                                 f"{buckets!r}")
+            g = self.graph_layer_overhead_seconds
+            if isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and g >= 0):
+                raise ValueError(f"graph_buckets needs graph_layer_overhead_seconds, finite seconds >= 0 (measured "
+                                 f"with hotswitch.calibration.measure_micro_batch(..., graphs=True)), got {g!r}")
+        elif self.graph_layer_overhead_seconds is not None:
+            raise ValueError(f"graph_layer_overhead_seconds ({self.graph_layer_overhead_seconds!r}) needs graph_buckets")
 
     def digest_fields(self) -> tuple:
         """Every field as plain values (layouts by name, profiles by their fields), in field

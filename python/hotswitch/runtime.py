@@ -253,7 +253,8 @@ class Runtime:
         self.groups = {l.name: ParallelGroups(l, group=group, timeout=self.timeout) for l in self.candidates}
         self._models: Dict[str, "ParallelTransformer"] = {}
         home_model = ParallelTransformer(config, self.home, self.groups[self.home.name], seed=seed,
-                                         recompute_num_layers=s.recompute_num_layers, compile_layers=s.compile_layers)
+                                         recompute_num_layers=s.recompute_num_layers, compile_layers=s.compile_layers,
+                                         graph_buckets=self._graph_buckets(self.home))
         shards = {n: t.detach() for n, t in home_model.named_shards().items()}
         if zero:
             shards = switch(shards, self.tensor_set, self.home, self.home, dst_kind="zero", group=group,
@@ -284,8 +285,17 @@ class Runtime:
         """The planner's cost model of this runtime: its model and topology, ZeRO as set, cp
         chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
         gathers K/V before its attention call)."""
+        s = self.settings
+        graphs = {} if s.graph_buckets is None else dict(
+            graph_buckets=sorted(s.graph_buckets), graph_layer_overhead_seconds=float(s.graph_layer_overhead_seconds))
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
-                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale())
+                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(), **graphs)
+
+    def _graph_buckets(self, layout) -> Optional[List[int]]:
+        """The graph buckets of ``layout``'s model: the settings' under a data-parallel layout."""
+        if self.settings.graph_buckets is None or (layout.tp, layout.pp, layout.cp) != (1, 1, 1):
+            return None
+        return list(self.settings.graph_buckets)
 
     def _planned_scale(self) -> Dict[str, float]:
         """The factor on each layout's predicted times: the re-calibration's for the layouts it
@@ -427,7 +437,8 @@ class Runtime:
         if model is None:
             model = ParallelTransformer(self.config, layout, self.groups[layout.name], seed=self.seed, shards=shards,
                                         recompute_num_layers=self.settings.recompute_num_layers,
-                                        compile_layers=self.settings.compile_layers)
+                                        compile_layers=self.settings.compile_layers,
+                                        graph_buckets=self._graph_buckets(layout))
             self._models[layout.name] = model
         else:
             model.load_shards(shards)
@@ -520,7 +531,8 @@ class Runtime:
             mbs = [MicroBatch.from_sequences([tensors[i] for i in mb])
                    for mb in ph.packing.micro_batches[coord.dp_rank]]
             t0 = time.perf_counter()
-            replica_loss, _ = model.forward_backward(mbs, loss_scale, before_forward=self._before_forward)
+            replica_loss, _ = model.forward_backward(mbs, loss_scale, before_forward=self._before_forward,
+                                                     graph_tokens=list(ph.graph_tokens[coord.dp_rank]))
             model.finish_gradients()
             compute_s = time.perf_counter() - t0
             if coord.tp_rank == 0 and coord.pp_rank == 0 and coord.cp_rank == 0:
@@ -948,10 +960,12 @@ class Runtime:
             for pack in packs:
                 mbs = [MicroBatch.from_sequences([torch.randint(0, vocab, (n,), generator=gen) for n in micro])
                        for micro in pack]
+                # Each micro-batch from the graphs where the plans would run it so.
+                graphed = [self.cost.graph_tokens(layout, micro, mode) for micro in pack]
                 for timed in (False, True):  # the first run of each shape warms it
                     model.zero_grad()
                     t0 = time.perf_counter()
-                    model.forward_backward(mbs, 1.0)
+                    model.forward_backward(mbs, 1.0, graph_tokens=graphed)
                     model.finish_gradients()
                     if timed:
                         times.append(time.perf_counter() - t0)

@@ -471,5 +471,58 @@ TEST(CostModelTest, RecomputeFlopsByGranularity) {
   EXPECT_THROW(parseRecompute("partial"), InvalidArgument);
 }
 
+TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
+  HardwareProfile hw = unitHardware();
+  hw.layerOverheadSeconds = 0.05;  // per layer: tiny() has 2
+  CostOptions options;
+  options.graphBuckets = {8, 64};
+  options.graphLayerOverheadSeconds = 0.01;
+  CostModel plain(tiny(), hw, Topology(1, 1)), graphs(tiny(), hw, Topology(1, 1), options);
+  const Layout dp(1, 1, 1);
+  const LayoutTerms t = graphs.terms(dp);
+  ASSERT_TRUE(t.graphs);
+  EXPECT_DOUBLE_EQ(t.graphSavedSeconds, 2 * (0.05 - 0.01));
+  EXPECT_FALSE(plain.terms(dp).graphs);
+
+  // What padding n tokens to the bucket b adds: one more sequence of b - n tokens.
+  auto added = [&](double n, double b) {
+    const double pad = b - n;
+    return t.alpha() * pad + t.beta * pad * pad + (pad > 0 ? t.gamma : 0.0) - t.graphSavedSeconds;
+  };
+  // 8 tokens fill the first bucket: only the launches change. 7 pad one token; 9 pad 55 and cost
+  // more than they save; 70 fit no bucket.
+  ASSERT_LT(added(7, 8), 0);
+  ASSERT_GT(added(9, 64), 0);
+  EXPECT_EQ(graphs.graphTokens(t, {5, 3}), 8);
+  EXPECT_EQ(graphs.graphTokens(t, {7}), 8);
+  EXPECT_EQ(graphs.graphTokens(t, {4, 5}), 0);
+  EXPECT_EQ(graphs.graphTokens(t, {70}), 0);
+  EXPECT_EQ(plain.graphTokens(plain.terms(dp), {5, 3}), 0);
+  EXPECT_THROW(graphs.graphTokens(t, {0}), InvalidArgument);
+
+  const PhaseBatches batches{{{5, 3}, {7}, {4, 5}, {70}}};
+  const PhaseCost with = graphs.phase(dp, batches), without = plain.phase(dp, batches);
+  EXPECT_EQ(with.graphedMicroBatches, 2);
+  EXPECT_EQ(without.graphedMicroBatches, 0);
+  EXPECT_NEAR(with.totalSeconds, without.totalSeconds + added(8, 8) + added(7, 8), 1e-12);
+  // A padded micro-batch keeps the activations of its bucket's tokens.
+  EXPECT_EQ(graphs.phase(dp, {{{7}}}).activationBytes, plain.phase(dp, {{{8}}}).activationBytes);
+
+  // No graphs under tensor parallelism or full recomputation.
+  CostModel pair(tiny(), hw, Topology(2, 2), options);
+  EXPECT_TRUE(pair.terms(Layout(2, 1, 1)).graphs);
+  EXPECT_FALSE(pair.terms(Layout(1, 2, 1)).graphs);
+  EXPECT_EQ(pair.phase(Layout(1, 2, 1), {{{5, 3}}}).graphedMicroBatches, 0);
+  EXPECT_FALSE(graphs.terms(dp, Recompute::kFull).graphs);
+  EXPECT_TRUE(graphs.terms(dp, Recompute::kSelective).graphs);
+
+  CostOptions descending = options;
+  descending.graphBuckets = {64, 8};
+  EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), descending), InvalidArgument);
+  CostOptions negative = options;
+  negative.graphLayerOverheadSeconds = -1;
+  EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), negative), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace hotswitch

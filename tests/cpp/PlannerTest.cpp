@@ -97,6 +97,50 @@ TEST(PlannerTest, FreeSwitchesNeverLoseToStatic) {
   EXPECT_LE(plan.totalSeconds, plan.bestStaticSeconds + 1e-9);  // the exact fallback
 }
 
+TEST(PlannerTest, PlansCarryEachMicroBatchsGraphBucket) {
+  // LLaMA-7B under dp8 with a large fixed cost per layer that graphs cut: the micro-batches
+  // that a bucket holds cheaply run from graphs (what CostModel::graphTokens says of each).
+  Fixture s;
+  s.layouts = {Layout(8, 1, 1)};
+  HardwareProfile hw = HardwareProfile::preset("a800");
+  hw.layerOverheadSeconds = 20e-3;
+  CostOptions options{true, 4, 12};
+  options.graphBuckets = {2048, 4096, 6144, 8192};
+  options.graphLayerOverheadSeconds = 1e-4;
+  s.cost = CostModel(ModelConfig::preset("llama-7b"), hw, Topology(8, 8), options);
+  std::vector<int64_t> lengths = longTailed(200, 11);
+  for (int64_t& n : lengths) n = std::min<int64_t>(n, 4096);
+  StepPlan plan = s.planner(0.0).plan(lengths);
+  int graphed = 0;
+  for (const PlannedPhase& phase : plan.phases) {
+    ASSERT_EQ(phase.graphTokens.size(), phase.packing.microBatches.size());
+    const LayoutTerms terms = s.cost.terms(phase.layout, phase.recompute);
+    int phaseGraphed = 0;
+    for (size_t r = 0; r < phase.graphTokens.size(); ++r) {
+      ASSERT_EQ(phase.graphTokens[r].size(), phase.packing.microBatches[r].size());
+      for (size_t k = 0; k < phase.graphTokens[r].size(); ++k) {
+        std::vector<int64_t> mb;
+        int64_t tokens = 0;
+        for (int i : phase.packing.microBatches[r][k]) {
+          mb.push_back(plan.pieces[i].length);
+          tokens += plan.pieces[i].length;
+        }
+        const int64_t bucket = phase.graphTokens[r][k];
+        EXPECT_EQ(bucket, s.cost.graphTokens(terms, mb));
+        if (bucket > 0) {
+          EXPECT_TRUE(terms.graphs);
+          EXPECT_GE(bucket, tokens);
+          ++phaseGraphed;
+        }
+      }
+    }
+    EXPECT_EQ(phase.cost.graphedMicroBatches, phaseGraphed);
+
+    graphed += phaseGraphed;
+  }
+  EXPECT_GT(graphed, 0);
+}
+
 // The hand-countable model and hardware of CostFixtures.h: 2 layers, hidden 8, 2 heads,
 // FFN 16, vocab 10, on unit hardware (1e6 FLOP/s, 1e3 B/s, no latency or overhead).
 using testing::tinyModel;

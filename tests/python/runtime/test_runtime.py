@@ -449,3 +449,33 @@ def test_compiled_layers_train_as_the_eager_runtime_across_switches():
     np.testing.assert_allclose([s[0] for s in steps], [s[0] for s in ref_steps], rtol=1e-5)
     for name in ref_weights:
         np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_graph_buckets_train_as_the_unpadded_runtime_across_switches():
+    # RuntimeConfig.graph_buckets: the dp2 phases' micro-batches that the plan pads to a bucket
+    # run from the graphed layers; the home tp2 runs none. Trains as without buckets, fp32
+    # within 1e-5.
+    fixed = [[60, "dp2"], [256, "tp2"]]
+    out = run_world(2, w.train_graphed, ["dp2", "tp2"], fixed, "tp2", [64, 128, 256], timeout=600)
+    (steps, weights), (ref_steps, ref_weights) = out[0][True], out[0][False]
+    assert [s[1] for s in steps] == [s[1] for s in ref_steps]
+    assert any(len(s[1]) > 1 for s in steps), steps  # some step switched
+    for layouts, tokens in [(s[1], s[2]) for rank in out for s in rank[True][0]]:
+        for layout, graphed in zip(layouts, tokens):
+            assert layout == "dp2" or not any(graphed), (layouts, tokens)
+    assert any(b for rank in out for s in rank[True][0] for graphed in s[2] for b in graphed), steps
+    assert all(not any(g) for rank in out for s in rank[False][0] for g in s[2])
+    np.testing.assert_allclose([s[0] for s in steps], [s[0] for s in ref_steps], rtol=1e-5)
+    for name in ref_weights:
+        np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_graph_buckets_need_their_overhead_and_good_values():
+    with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds"):
+        hs.RuntimeConfig(graph_buckets=[64])
+    with pytest.raises(ValueError, match="graph_buckets must be a non-empty list of distinct token counts >= 1"):
+        hs.RuntimeConfig(graph_buckets=[64, 64], graph_layer_overhead_seconds=0.0)
+    with pytest.raises(ValueError, match=r"graph_layer_overhead_seconds \(0.1\) needs graph_buckets"):
+        hs.RuntimeConfig(graph_layer_overhead_seconds=0.1)
+    with pytest.raises(ValueError, match="got -1"):
+        hs.RuntimeConfig(graph_buckets=[64], graph_layer_overhead_seconds=-1)

@@ -405,3 +405,33 @@ def train_compiled(rank, world, candidates, fixed_plan, home):
         weights = rt.full_weights()
         out[compiled] = (steps, _numpy(weights) if rank == 0 else None)
     return out
+
+
+def train_graphed(rank, world, candidates, fixed_plan, home, buckets):
+    """Two fp32 runs of two of STEPS under one fixed plan from ``home``, without and with
+    graph buckets (on a profile whose fixed cost per layer, 50 ms, graphs cut to nothing: the
+    plans pad what a bucket holds). Per run: per step (loss, layouts, the plan's graph tokens
+    per phase on this rank's replica), and the full weights (rank 0)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
+    fields = hardware(1 << 40).to_dict()
+    fields["layer_overhead_seconds"] = 0.05
+    profile = hs.HardwareProfile.from_dict(fields)
+    out = {}
+    for graphs in (False, True):
+        extra = dict(graph_buckets=buckets, graph_layer_overhead_seconds=0.0) if graphs else {}
+        rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=profile, max_context=MAX_CONTEXT,
+                        seed=7, recalibrate=False, fixed_plan=fixed_plan, **extra,
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+        plans = []
+        planned = rt._plan
+
+        def recorded(lengths):
+            plan = planned(lengths)
+            plans.append([list(ph.graph_tokens[rt.groups[ph.layout.name].dp_rank]) for ph in plan.phases])
+            return plan
+
+        rt._plan = recorded
+        steps = [(r.loss, r.layouts) for r in (rt.train_step(batch(STEPS[i], i)) for i in (1, 2))]
+        weights = rt.full_weights()  # collective
+        out[graphs] = ([s + (p,) for s, p in zip(steps, plans)], _numpy(weights) if rank == 0 else None)
+    return out
