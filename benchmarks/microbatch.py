@@ -37,6 +37,11 @@ median seconds of each (rank 0, the two alternating, a barrier before each) and
 the CPU's figure only (measured only when timing on the CPU); on NCCL the collectives run on
 their own stream.
 
+``--graphs`` measures the same with the layers run from CUDA graphs (every token count a
+graph bucket, so nothing is padded; on the CPU compiled and not captured):
+``graph_layer_overhead_seconds`` (what ``RuntimeConfig.graph_layer_overhead_seconds`` takes)
+and ``graph_layer_micro_batch_s``, beside the eager ``layer_overhead_seconds`` of the same run.
+
 ``micro_batch_s`` is per token count the time of a micro-batch through the model with the
 larger layer count; ``layer_micro_batch_s`` the time per layer of a micro-batch. With
 ``--write-profile OUT.json`` the fitted overhead replaces ``layer_overhead_seconds`` of
@@ -44,7 +49,7 @@ larger layer count; ``layer_micro_batch_s`` the time per layer of a micro-batch.
 name) and the profile is written, so the cost model plans with this runtime's own fixed
 cost.
 
-    .venv/bin/python -m benchmarks.microbatch [--quick] [--write-profile OUT.json --base h100|FILE.json]
+    .venv/bin/python -m benchmarks.microbatch [--quick] [--graphs] [--write-profile OUT.json --base h100|FILE.json]
 """
 
 import argparse
@@ -114,6 +119,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="three token counts, three repetitions")
     parser.add_argument("--cpu", action="store_true", help="time on the CPU even when CUDA is available")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time the layers run from CUDA graphs (graph buckets at the token counts; "
+                             "compiled, and captured on CUDA): graph_layer_overhead_seconds")
     parser.add_argument("--write-profile", default=None, metavar="OUT.json",
                         help="write --base with the measured layer_overhead_seconds")
     parser.add_argument("--base", default=None,
@@ -204,6 +212,18 @@ def main(argv=None):
         "tp_overlap": overlap or None,
         "seconds": costs.seconds,
     }
+    if args.graphs:
+        graphed = measure_micro_batch(config, tokens, LAYERS, repeats=3 if args.quick else 7, cuda=cuda,
+                                      timeout=900.0, graphs=True)
+        print(f"{'tokens':>8}{'eager layer ms':>16}{'graphed layer ms':>18}")
+        for i, t in enumerate(tokens):
+            print(f"{t:>8}{costs.layer_seconds[i] * 1e3:>16.3f}{graphed.layer_seconds[i] * 1e3:>18.3f}")
+        print(f"graphs: layer_overhead_seconds {graphed.layer_overhead_seconds:.4g} against "
+              f"{costs.layer_overhead_seconds:.4g} eager (fit error max {graphed.fit_error_max:.1%}), "
+              f"{graphed.seconds:.1f} s with compilation")
+        result["graph_layer_overhead_seconds"] = graphed.layer_overhead_seconds
+        result["graph_layer_micro_batch_s"] = {str(t): s for t, s in zip(tokens, graphed.layer_seconds)}
+        result["graph_fit_error_max"] = graphed.fit_error_max
     if costs.device == "cpu" and 16 in costs.token_counts:
         result["host_layer_s_16"] = costs.layer_seconds[costs.token_counts.index(16)]
     if base is not None:

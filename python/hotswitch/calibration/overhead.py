@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from hotswitch import _C
-from hotswitch._checks import check_int, check_positive
+from hotswitch._checks import check_bool, check_int, check_positive
 from hotswitch.calibration.offline import _nnls
 from hotswitch.distributed import spawn
 from hotswitch.logging import get_logger
@@ -101,19 +101,23 @@ def _time_rank(rank: int, world: int, spec: dict) -> dict:
 
     for layers in spec["layer_counts"]:
         cfg = _cut(spec["config"], layers)
-        model = ParallelTransformer(cfg, layout, groups, seed=0)
+        # With graphs every token count is a bucket: each micro-batch fills one, padded by nothing.
+        model = ParallelTransformer(cfg, layout, groups, seed=0,
+                                    graph_buckets=spec["token_counts"] if spec["graphs"] else None)
         out["attention"] = model.attention_kernel
         times = []
+        # Graphs: the first call compiles, the next ones capture (CUDA graph trees warm up, then record).
+        warmup = max(spec["warmup"], 3) if spec["graphs"] else spec["warmup"]
         for tokens in spec["token_counts"]:
             mb = MicroBatch.from_sequences([torch.randint(0, cfg.vocab_size, (tokens,), generator=gen)])
             reps = []
-            for k in range(spec["repeats"] + spec["warmup"]):
+            for k in range(spec["repeats"] + warmup):
                 model.zero_grad()
                 sync()
                 t0 = time.perf_counter()
                 model.forward_backward([mb], 1.0)
                 sync()
-                if k >= spec["warmup"]:
+                if k >= warmup:
                     reps.append(time.perf_counter() - t0)
             times.append(min(reps))
         out["seconds"][layers] = times
@@ -125,7 +129,7 @@ def _time_rank(rank: int, world: int, spec: dict) -> dict:
 
 def measure_micro_batch(config: TransformerConfig, token_counts: Sequence[int], layer_counts: Sequence[int] = (1, 3),
                         repeats: int = 5, warmup: int = 2, cuda: Optional[bool] = None,
-                        timeout: float = 600.0) -> MicroBatchCosts:
+                        timeout: float = 600.0, graphs: bool = False) -> MicroBatchCosts:
     """Measures this runtime's time per micro-batch and per layer of a micro-batch, and fits
     the fixed part (see the module docstring).
 
@@ -135,7 +139,10 @@ def measure_micro_batch(config: TransformerConfig, token_counts: Sequence[int], 
     ``max_position_embeddings``). ``layer_counts``: at least two distinct layer counts.
     ``repeats``: timed repetitions per sample (the fastest counts) after ``warmup`` untimed
     ones. ``cuda``: time on the CUDA device (default: when one is available). Runs in one
-    spawned process; ``TimeoutError`` past ``timeout`` seconds, ``RuntimeError`` when it
+    spawned process; ``graphs``: the layers run from CUDA graphs (``ParallelTransformer``'s
+    ``graph_buckets``, one per token count, so nothing is padded; compiled and, on the CPU,
+    not captured): the fitted overhead is then ``graph_layer_overhead_seconds``, the fixed
+    cost the planner weighs against padding. ``TimeoutError`` past ``timeout`` seconds, ``RuntimeError`` when it
     fails, ``ValueError`` for bad arguments before anything runs.
     """
     import torch
@@ -161,8 +168,9 @@ def measure_micro_batch(config: TransformerConfig, token_counts: Sequence[int], 
         cuda = torch.cuda.is_available()
     elif cuda and not torch.cuda.is_available():
         raise ValueError("cuda=True, but no CUDA device is available")
+    check_bool("graphs", graphs)
     spec = {"config": config, "token_counts": tokens, "layer_counts": layers, "repeats": repeats,
-            "warmup": warmup, "backend": "nccl" if cuda else "gloo"}
+            "warmup": warmup, "backend": "nccl" if cuda else "gloo", "graphs": graphs}
     _log.info("timing micro-batches of %s tokens with %s layers on %s", tokens, layers, "cuda" if cuda else "cpu")
     try:
         result = spawn(1, _time_rank, spec, timeout=timeout, pg_timeout=timeout, backend=spec["backend"])[0]

@@ -134,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with full and uniform: layers per recomputed chunk (default 1)")
     t.add_argument("--compile-layers", action="store_true",
                    help="regional torch.compile: each layer's forward compiled once per layout (first step slower)")
+    t.add_argument("--graph-buckets", type=_token_counts, default=None, metavar="T1,T2,...",
+                   help="token counts at which data-parallel layouts run their layers from CUDA graphs; the planner "
+                        "pads a micro-batch to one when that saves more launches than the padding costs (needs "
+                        "--graph-layer-overhead)")
+    t.add_argument("--graph-layer-overhead", type=float, default=None, metavar="SECONDS",
+                   help="fixed seconds per layer of a micro-batch run from the graphs, as benchmarks.microbatch "
+                        "--graphs measures it on the device")
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -426,7 +433,8 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         recompute=args.recompute_granularity or "none", recompute_num_layers=args.recompute_num_layers or 1,
         min_gain=args.min_gain, fixed_plan=args.fixed_plan,
         home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
-        trust_error=args.trust_error, explore=args.explore, probe=args.probe, compile_layers=args.compile_layers)
+        trust_error=args.trust_error, explore=args.explore, probe=args.probe, compile_layers=args.compile_layers,
+        graph_buckets=args.graph_buckets, graph_layer_overhead_seconds=args.graph_layer_overhead)
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:
@@ -439,6 +447,15 @@ def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:
         return LossScaling(initial=args.initial_loss_scale, min=args.min_loss_scale, window=args.loss_scale_window,
                            hysteresis=args.hysteresis)
     return None
+
+
+def _token_counts(text: str) -> List[int]:
+    """``--graph-buckets``: comma-separated token counts."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    return counts
 
 
 def measure_overhead(args: argparse.Namespace) -> bool:

@@ -273,3 +273,16 @@ def test_the_dry_run_plans_the_training_command_without_a_process_group(tmp_path
     assert lines[0].startswith("dry run: 4 GPUs (2 per node), hardware a800, 0.00 GiB per GPU")
     assert sum(l.startswith("batch ") for l in lines) == 2 and sum(l.startswith("predicted step") for l in lines) == 2
     assert "summary:" not in out.stdout  # nothing trained
+
+
+def test_graph_buckets_reach_the_runtime_config_with_their_overhead():
+    from hotswitch.cli import train as cli
+
+    parsed = cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048,4096", "--graph-layer-overhead", "2e-4"], 1)
+    settings = cli.runtime_config(parsed, 1)
+    assert settings.graph_buckets == [2048, 4096] and settings.graph_layer_overhead_seconds == 2e-4
+    assert cli.runtime_config(cli.parse_args(["--lr", "1e-3"], 1), 1).graph_buckets is None
+    with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds"):
+        cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048"], 1), 1)
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2k"], 1)
