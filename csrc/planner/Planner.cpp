@@ -372,7 +372,26 @@ PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const
   PackOptions options;
   options.maxTokensPerMicroBatch = m.budget;
   if (m.pp > 1) options.targetMicroBatchCost = m.target > 0 ? m.target : std::numeric_limits<double>::min();
-  Packing packing = Packer::pack(local, l.dp(), options, [&](int64_t s) { return m.terms.u(s); });
+  const auto u = [&](int64_t s) { return m.terms.u(s); };
+  Packing packing = Packer::pack(local, l.dp(), options, u);
+  if (m.terms.graphs && !local.empty()) {
+    // Under CUDA graphs (CostModel.h, 12) micro-batches packed to a bucket's tokens may pad
+    // less than the budget's: each bucket below the budget that holds the longest piece is a
+    // budget too, and the packing the cost model prices lowest runs.
+    const int64_t longest = *std::max_element(local.begin(), local.end());
+    double best = cost_.phase(l, m.terms, packing.lengths(local)).totalSeconds;
+    for (int64_t bucket : cost_.options().graphBuckets) {
+      if (bucket < longest || bucket >= m.budget) continue;
+      PackOptions aligned = options;
+      aligned.maxTokensPerMicroBatch = bucket;
+      Packing other = Packer::pack(local, l.dp(), aligned, u);
+      const double seconds = cost_.phase(l, m.terms, other.lengths(local)).totalSeconds;
+      if (seconds < best) {
+        best = seconds;
+        packing = std::move(other);
+      }
+    }
+  }
   for (auto& replica : packing.microBatches) {
     for (auto& mb : replica) {
       for (int& i : mb) i = sequences[i];  // back to piece indices

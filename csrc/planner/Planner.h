@@ -56,7 +56,10 @@
 // program's optimum is unchanged. The plan then merges buckets of one layout into one phase
 // and orders the phases by the cheapest cycle; neither raises J (E is subadditive, g is paid
 // once, and the length order is one of the orders C minimises over), so J(plan) <= J_DP.
-// Every phase is then packed exactly (Packer) and timed by the cost model (CostModel::phase).
+// Every phase is then packed exactly (Packer) and timed by the cost model (CostModel::phase);
+// under CUDA graph buckets (CostModel.h, 12) each bucket below the memory budget that holds
+// the phase's longest piece is tried as the token budget too, and the packing priced lowest,
+// its padding and the launches it saves weighed per micro-batch, is the phase's.
 // Last, by those exact times, the plan is compared with running the whole step as one phase
 // under the home layout or under the best static layout (switched into from home and back),
 // and the program's plan is kept only when it is predicted faster than the better of the two

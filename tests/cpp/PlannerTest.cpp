@@ -100,12 +100,14 @@ TEST(PlannerTest, FreeSwitchesNeverLoseToStatic) {
 TEST(PlannerTest, PlansCarryEachMicroBatchsGraphBucket) {
   // LLaMA-7B under dp8 with a large fixed cost per layer that graphs cut: the micro-batches
   // that a bucket holds cheaply run from graphs (what CostModel::graphTokens says of each).
+  // Packed to the memory budget (7503 tokens) they hold 4500 to 5200 tokens, too far from a
+  // bucket to pad; packed to the 4096 bucket they fill it closely: the planner packs so.
   Fixture s;
   s.layouts = {Layout(8, 1, 1)};
   HardwareProfile hw = HardwareProfile::preset("a800");
   hw.layerOverheadSeconds = 20e-3;
   CostOptions options{true, 4, 12};
-  options.graphBuckets = {2048, 4096, 6144, 8192};
+  options.graphBuckets = {2048, 4096, 8192};
   options.graphLayerOverheadSeconds = 1e-4;
   s.cost = CostModel(ModelConfig::preset("llama-7b"), hw, Topology(8, 8), options);
   std::vector<int64_t> lengths = longTailed(200, 11);
@@ -135,6 +137,16 @@ TEST(PlannerTest, PlansCarryEachMicroBatchsGraphBucket) {
       }
     }
     EXPECT_EQ(phase.cost.graphedMicroBatches, phaseGraphed);
+    // No worse than the packing to the memory budget alone, which pads nothing here.
+    const CandidateModel& m = s.planner(0.0).candidateModel(phase.candidate, phase.recompute);
+    std::vector<int64_t> local;
+    for (int i : phase.sequences) local.push_back(plan.pieces[i].length);
+    PackOptions budget;
+    budget.maxTokensPerMicroBatch = m.budget;
+    const Packing plain = Packer::pack(local, phase.layout.dp(), budget, [&](int64_t x) { return m.terms.u(x); });
+    const PhaseCost unaligned = s.cost.phase(phase.layout, m.terms, plain.lengths(local));
+    EXPECT_EQ(unaligned.graphedMicroBatches, 0);
+    EXPECT_LT(phase.cost.totalSeconds, unaligned.totalSeconds);
 
     graphed += phaseGraphed;
   }
