@@ -415,6 +415,14 @@ class PackAttention:
                 else:
                     self.blocked = ~allowed
 
+    @staticmethod
+    def runs_static(kernel: str, heads: int, tokens: int, device: torch.device) -> bool:
+        """Whether a pack of ``tokens`` tokens for ``kernel`` can be static: every kernel but
+        ``grouped``, which the mask kernels fall back to over their bound."""
+        if kernel in ("sdpa", "masked"):
+            return heads * tokens * tokens <= _max_scores(torch.device(device))
+        return kernel != "grouped"
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q`` ``[T, hq, d]``, ``k``/``v`` ``[T, hkv, d]`` with ``hq`` a multiple of ``hkv``
         (query head ``i`` reads key/value head ``i // (hq / hkv)``); returns ``[T, hq, d]``."""

@@ -355,9 +355,10 @@ class ParallelTransformer(nn.Module):
     layers run through ``graphed_pair``: compiled, and on a CUDA device captured once per
     layer and shape and replayed, so a layer's forward and backward cost a graph launch
     instead of a launch per kernel, at the price of the padding's work. The planner weighs
-    the two per micro-batch (``CostOptions.graph_buckets``). Every weight of a layer then
-    computes through a kept copy (``_make_compute_copies``), refreshed in place and never
-    freed, so the graphs read it at the address they captured and no gradient aliases a
+    the two per micro-batch (``CostOptions.graph_buckets``). A pack whose attention would run
+    ``grouped`` (the mask kernels over their bound, on the CPU) runs as it is. Every weight of
+    a layer then computes through a kept copy (``_make_compute_copies``), refreshed in place and
+    never freed, so the graphs read it at the address they captured and no gradient aliases a
     graph's output. Under ``recompute="full"`` every pack runs unpadded. The fused steps take
     the PyTorch path, as with ``compile_layers``.
 
@@ -655,6 +656,10 @@ class ParallelTransformer(nn.Module):
     def _contexts(self, micro_batches, kernel: str, graph_tokens: Optional[Sequence[int]] = None):
         g = self.groups
         pads = graph_tokens if graph_tokens is not None else [0] * len(micro_batches)
+        # A pack whose attention runs grouped (one call per distinct length: no static shapes)
+        # runs as it is.
+        heads = self.config.num_attention_heads // self.layout.tp
+        pads = [pad if pad and PackAttention.runs_static(kernel, heads, pad, self.device) else 0 for pad in pads]
         contexts = [PackContext(mb, self.config, self.layout.tp, self.device, kernel, cp=self.layout.cp,
                                 cp_rank=g.cp_rank, cp_gather=self._context.gather, pad_to=pad or None)
                     for mb, pad in zip(micro_batches, pads)]

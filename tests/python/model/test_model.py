@@ -404,9 +404,11 @@ def test_compile_layers_refuses_a_non_bool_and_the_triton_steps():
 
 @pytest.mark.parametrize("recompute,compute_dtype", [("none", None), ("selective", "bfloat16"), ("full", None)])
 def test_graph_buckets_pad_packs_and_train_as_the_unpadded_model(recompute, compute_dtype):
-    # Buckets of 32 and 64 tokens: packs of up to 32 and up to 64 tokens run padded to them
-    # (their padding an extra sequence without targets) through the graphed layers, a pack of
-    # 70 as it is; under full recomputation every pack runs as it is. Losses and gradients
+    # Buckets of 32, 64 and 128 tokens: packs of up to 32 and up to 64 tokens run padded to
+    # them (their padding an extra sequence without targets) through the graphed layers; a
+    # pack of 70 as it is, since at 128 tokens its attention would run grouped here (8 heads
+    # * 128^2 scores are over the CPU's mask bound); under full recomputation every pack runs
+    # as it is. Losses and gradients
     # as without buckets: fp32 within 1e-5, bf16 within 2e-2 of the largest gradient (the
     # norms' matrix inputs round differently). One compiled graph per variant of the layer
     # serves both calls' packs, and nothing breaks it.

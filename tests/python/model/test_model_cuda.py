@@ -48,7 +48,8 @@ def test_graph_buckets_capture_cuda_graphs_and_train_as_the_unpadded_model(recom
     for name in grads:
         scale = max(float(np.abs(ref_grads[name]).max()), 1e-6)
         assert float(np.abs(grads[name] - ref_grads[name]).max()) <= 2e-2 * scale, name
-    assert graphs[0][1] == [(32, True), (64, True), (70, False)], graphs
+    # (On the device every bucket's attention is static: the 70-token pack pads to 128.)
+    assert graphs[0][1] == [(32, True), (64, True), (128, True)], graphs
     assert graphs[1][0] == graphs[0][0], graphs
     assert breaks == [], breaks
     assert not cudagraphs.get("cudagraph_skips"), cudagraphs

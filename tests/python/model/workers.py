@@ -488,7 +488,7 @@ def compile_bad_input(rank, world):
 
 
 def graphed_layers_parity(rank, world, recompute, compute_dtype):
-    """The model with graph buckets (32 and 64 tokens) against the same model without, on
+    """The model with graph buckets (32, 64 and 128 tokens) against the same model without, on
     the same micro-batches over two calls (packs of up to 32, up to 64 and over 64 tokens):
     per call the loss, then the gradients, per call the compiled graphs counted after it and
     the tokens of each pack as the layers ran it (and whether from the graphs), the graph
@@ -501,7 +501,7 @@ def graphed_layers_parity(rank, world, recompute, compute_dtype):
     layout = hs.Layout()
     calls = batches(seed=21, step_lengths=[[[5, 11, 1], [31, 30], [70]], [[2, 3, 5, 7, 9], [17, 19], [40, 21]]])
     out = {}
-    for buckets in (None, [64, 32]):
+    for buckets in (None, [64, 32, 128]):
         model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=5, recompute=recompute,
                                        kernels="torch", graph_buckets=buckets)
         losses, graphs = [], []
