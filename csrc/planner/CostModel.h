@@ -118,7 +118,10 @@
 //    micro-batch, scaled as the layout's other terms). A micro-batch runs from the graphs when
 //    that costs less than running it as it is (graphTokens); its activations are then of B
 //    tokens. Nobody else weighs the padding against the launches per micro-batch: systems
-//    that capture graphs pad every batch to one shape.
+//    that capture graphs pad every batch to one shape. Not modelled: a flash kernel's static
+//    pack launches blocks for every sequence slot up to its capacity and the whole pack's
+//    length (most of them exit at once), and the memory graphs keep (the capture's pool, and
+//    each layer's weight copies, kept while other layouts run).
 //
 // Memory per rank, for the stage that holds the most: parameters (param bytes) and gradients
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided

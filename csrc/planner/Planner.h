@@ -59,7 +59,9 @@
 // Every phase is then packed exactly (Packer) and timed by the cost model (CostModel::phase);
 // under CUDA graph buckets (CostModel.h, 12) each bucket below the memory budget that holds
 // the phase's longest piece is tried as the token budget too, and the packing priced lowest,
-// its padding and the launches it saves weighed per micro-batch, is the phase's.
+// its padding and the launches it saves weighed per micro-batch, is the phase's. (The
+// program's estimate E and its pruning of dominated layouts do not see the graphs' saving:
+// a data-parallel layout is priced as without graphs until its exact packing.)
 // Last, by those exact times, the plan is compared with running the whole step as one phase
 // under the home layout or under the best static layout (switched into from home and back),
 // and the program's plan is kept only when it is predicted faster than the better of the two

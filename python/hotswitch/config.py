@@ -238,6 +238,13 @@ class RuntimeConfig:
         elif self.graph_layer_overhead_seconds is not None:
             raise ValueError(f"graph_layer_overhead_seconds ({self.graph_layer_overhead_seconds!r}) needs graph_buckets")
 
+    def graph_options(self) -> dict:
+        """The cost model's keyword arguments for the CUDA graph buckets (none without)."""
+        if self.graph_buckets is None:
+            return {}
+        return dict(graph_buckets=sorted(self.graph_buckets),
+                    graph_layer_overhead_seconds=float(self.graph_layer_overhead_seconds))
+
     def digest_fields(self) -> tuple:
         """Every field as plain values (layouts by name, profiles by their fields), in field
         order: what the ranks compare."""

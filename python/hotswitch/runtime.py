@@ -267,7 +267,8 @@ class Runtime:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         self.prediction_errors: List[float] = []
-        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero) if s.recalibrate else None
+        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero,
+                                             graphs=s.graph_options()) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._fits_applied = 0
         self._overhead_s = 0.0
@@ -285,11 +286,8 @@ class Runtime:
         """The planner's cost model of this runtime: its model and topology, ZeRO as set, cp
         chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
         gathers K/V before its attention call)."""
-        s = self.settings
-        graphs = {} if s.graph_buckets is None else dict(
-            graph_buckets=sorted(s.graph_buckets), graph_layer_overhead_seconds=float(s.graph_layer_overhead_seconds))
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
-                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(), **graphs)
+                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(), **self.settings.graph_options())
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
         """The graph buckets of ``layout``'s model: the settings' under a data-parallel layout."""
@@ -960,9 +958,10 @@ class Runtime:
             for pack in packs:
                 mbs = [MicroBatch.from_sequences([torch.randint(0, vocab, (n,), generator=gen) for n in micro])
                        for micro in pack]
-                # Each micro-batch from the graphs where the plans would run it so.
+                # Each micro-batch from the graphs where the plans would run it so: then the first run
+                # compiles, the second captures, and the third replays, as every later step does.
                 graphed = [self.cost.graph_tokens(layout, micro, mode) for micro in pack]
-                for timed in (False, True):  # the first run of each shape warms it
+                for timed in ([False] * (2 if any(graphed) else 1)) + [True]:
                     model.zero_grad()
                     t0 = time.perf_counter()
                     model.forward_backward(mbs, 1.0, graph_tokens=graphed)

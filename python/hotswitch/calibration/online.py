@@ -96,9 +96,13 @@ class OnlineCalibration:
     """Observations of recent steps and the refit of the cost model from them.
 
     ``window``: phases (and switches) kept; ``ridge``: weight of the pull towards the current
-    coefficients, relative to the data's scale."""
+    coefficients, relative to the data's scale. ``graphs``: the cost model's CUDA graph
+    options (``graph_buckets``, ``graph_layer_overhead_seconds``) the phases ran under, so
+    that a phase's prediction pads and graphs its micro-batches as the plan did."""
 
-    def __init__(self, model_config, topology, zero: bool, window: int = 64, ridge: float = 1e-3):
+    def __init__(self, model_config, topology, zero: bool, window: int = 64, ridge: float = 1e-3,
+                 graphs: Optional[dict] = None):
+        self.graphs = dict(graphs or {})
         self.model_config = model_config
         self.topology = topology
         self.zero = zero
@@ -135,7 +139,7 @@ class OnlineCalibration:
 
     def _predict(self, fields: dict, layout_scale=None) -> np.ndarray:
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
-                            layout_scale=layout_scale or {})
+                            layout_scale=layout_scale or {}, **self.graphs)
         out = []
         for layout, batches, _, recompute in self.phases:
             out.append(cost.phase(layout, batches, recompute=recompute).run_seconds)

@@ -208,22 +208,22 @@ class LocalRegion(_Region):
 
 
 def _pair_of(layer: "TransformerLayer", x, delta, ctx, region):
-    return layer.forward_pair(x, delta, ctx, region)
+    return layer.forward_pair(x, delta, ctx, region, kernels="torch")
 
 
 _graphed: Dict[str, Callable] = {}
 
 
-def graphed_pair() -> Callable:
-    """``f(layer, x, delta, ctx, region) = layer.forward_pair(x, delta, ctx, region)`` through
-    ``torch.compile(dynamic=True)`` with CUDA graphs (``mode="reduce-overhead"``) where CUDA
-    is available: one compiled graph for every layer and pack, and, on a CUDA device, one
-    captured graph per layer and distinct input shape, replayed with a launch or two instead of
-    the layer's kernels. Packs padded to a few token counts (``PackContext(pad_to=...)``) so
-    take a few shapes. On the CPU the same compiled graph runs without capture. Built once per
-    process; a function of its own, so that its compiled code does not share
-    ``compile_pair``'s cache."""
-    mode = "reduce-overhead" if torch.cuda.is_available() else "default"
+def graphed_pair(device: torch.device) -> Callable:
+    """``f(layer, x, delta, ctx, region) = layer.forward_pair(x, delta, ctx, region)`` over the
+    PyTorch path of the fused steps, through ``torch.compile(dynamic=True)``, for layers on
+    ``device``: on a CUDA device with CUDA graphs (``mode="reduce-overhead"``): one compiled
+    graph for every layer and pack, and one captured graph per layer and distinct input shape,
+    replayed with a launch or two instead of the layer's kernels. Packs padded to a few token
+    counts (``PackContext(pad_to=...)``) so take a few shapes. On the CPU the same compiled
+    graph runs without capture. Built once per process and device type; a function of its own,
+    so that its compiled code does not share ``compile_pair``'s cache."""
+    mode = "reduce-overhead" if torch.device(device).type == "cuda" else "default"
     if mode not in _graphed:
         _graphed[mode] = torch.compile(_pair_of, dynamic=True, mode=mode)
     return _graphed[mode]
@@ -255,7 +255,7 @@ class TransformerLayer(nn.Module):
         # What the model calls for forward_pair: the method, or its compiled form (compile_pair).
         self.run_pair = self.forward_pair
         # What it calls for a pack padded to a graph bucket (PackContext.graphed): graphed_pair.
-        self.run_graphed = functools.partial(graphed_pair(), self)
+        self.run_graphed = functools.partial(graphed_pair(shards[prefix + "qkv.weight"].device), self)
 
     def compile_pair(self) -> None:
         """``run_pair`` becomes ``torch.compile(forward_pair, dynamic=True)``, over the PyTorch
@@ -285,15 +285,16 @@ class TransformerLayer(nn.Module):
         return x + delta
 
     def forward_pair(self, x: torch.Tensor, delta: Optional[torch.Tensor], ctx: PackContext,
-                     region: _Region) -> Tuple[torch.Tensor, torch.Tensor]:
+                     region: _Region, kernels: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """The layer on the residual stream ``x + delta`` (``delta``: the previous layer's MLP
         output, not yet added, or None), returning its own pair ``(x', delta')`` whose sum is
         the layer's output. The residual sum is left to the next norm, which adds it in the
         same kernel (``add_norm``) and takes the sum's gradient in its own backward: no add,
-        no gradient accumulation and no cast of the MLP output's gradient between layers."""
+        no gradient accumulation and no cast of the MLP output's gradient between layers.
+        ``kernels``: the fused steps' path for this call (default the layer's ``kernels``)."""
         d, hq, hkv = self.head_dim, self.heads, self.kv_heads
         # The norms' outputs enter the matrix products (and the TP all-gather) in the compute dtype.
-        kernels, dtype = self.kernels, self.compute_dtype
+        kernels, dtype = kernels or self.kernels, self.compute_dtype
         if delta is None:
             h = norm(x, self.weight("input_norm"), self.eps, dtype, kernels)
         else:
@@ -359,8 +360,8 @@ class ParallelTransformer(nn.Module):
     ``grouped`` (the mask kernels over their bound, on the CPU) runs as it is. Every weight of
     a layer then computes through a kept copy (``_make_compute_copies``), refreshed in place and
     never freed, so the graphs read it at the address they captured and no gradient aliases a
-    graph's output. Under ``recompute="full"`` every pack runs unpadded. The fused steps take
-    the PyTorch path, as with ``compile_layers``.
+    graph's output. Under ``recompute="full"`` every pack runs unpadded. The graphed layers'
+    fused steps take the PyTorch path, which inductor fuses; the rest runs ``kernels``.
 
     ``recompute`` (settable between steps): activation recomputation, Megatron-LM's
     ``--recompute-granularity``. ``"none"``; ``"selective"``: each layer's attention core
@@ -408,9 +409,9 @@ class ParallelTransformer(nn.Module):
         if compile_layers and kernels not in (None, "torch"):
             raise ValueError(f"compile_layers=True compiles the layers' element-wise steps itself; kernels must be "
                              f"None or 'torch', got {kernels!r}")
-        self.graph_buckets = self._check_buckets(graph_buckets, config, layout, kernels)
+        self.graph_buckets = self._check_buckets(graph_buckets, config, layout)
         self.compile_layers = compile_layers
-        self.kernels = "torch" if compile_layers or self.graph_buckets else select_fused(self.device, kernels)
+        self.kernels = "torch" if compile_layers else select_fused(self.device, kernels)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
         self._expected = {self.tensor_set.specs[t].name: tuple(shape)
                           for t, shape, _ in placement.buffers(groups.rank)}
@@ -450,11 +451,12 @@ class ParallelTransformer(nn.Module):
         self._head_copy: Optional[torch.Tensor] = None
         # name -> (the data cast from, its version, the copy), kept between calls.
         self._copies: Dict[str, Tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._warned_grouped = False
         self.recompute_num_layers = recompute_num_layers
         self.recompute = recompute
 
     @staticmethod
-    def _check_buckets(buckets, config, layout, kernels) -> Tuple[int, ...]:
+    def _check_buckets(buckets, config, layout) -> Tuple[int, ...]:
         if buckets is None:
             return ()
         if isinstance(buckets, (str, bytes)) or not isinstance(buckets, (list, tuple)) or not buckets or any(
@@ -465,9 +467,6 @@ class ParallelTransformer(nn.Module):
         if layout.tp != 1 or layout.pp != 1 or layout.cp != 1:
             raise ValueError(f"graph_buckets: layers run from CUDA graphs only under data parallelism (tp, pp and "
                              f"cp 1), got layout {layout}")
-        if kernels not in (None, "torch"):
-            raise ValueError(f"graph_buckets compiles the layers' element-wise steps itself; kernels must be None "
-                             f"or 'torch', got {kernels!r}")
         return tuple(sorted(buckets))
 
     def graph_tokens(self, micro_batches: Sequence[MicroBatch]) -> List[int]:
@@ -659,7 +658,13 @@ class ParallelTransformer(nn.Module):
         # A pack whose attention runs grouped (one call per distinct length: no static shapes)
         # runs as it is.
         heads = self.config.num_attention_heads // self.layout.tp
-        pads = [pad if pad and PackAttention.runs_static(kernel, heads, pad, self.device) else 0 for pad in pads]
+        static = [not pad or PackAttention.runs_static(kernel, heads, pad, self.device) for pad in pads]
+        if not all(static) and not self._warned_grouped:
+            self._warned_grouped = True
+            _log.warning("%s attention runs packs of %d tokens grouped by length (over the mask kernels' bound), "
+                         "which has no static shapes: such packs run as they are, not from the graphs their plan "
+                         "gave them", kernel, min(p for p, ok in zip(pads, static) if not ok))
+        pads = [pad if ok else 0 for pad, ok in zip(pads, static)]
         contexts = [PackContext(mb, self.config, self.layout.tp, self.device, kernel, cp=self.layout.cp,
                                 cp_rank=g.cp_rank, cp_gather=self._context.gather, pad_to=pad or None)
                     for mb, pad in zip(micro_batches, pads)]
@@ -668,7 +673,8 @@ class ParallelTransformer(nn.Module):
             # that no call has a side effect: a recomputed call must save what the first one
             # saved, and a compiled layer must not build it in one graph and not in the next.
             ctx.attention.prepare(self.compute_dtype)
-            ctx.rotary(self.compute_dtype)
+            if ctx.graphed or self.compile_layers:
+                ctx.rotary(self.compute_dtype)
         return contexts
 
     def _check_graph_tokens(self, micro_batches, graph_tokens) -> List[int]:
@@ -681,7 +687,8 @@ class ParallelTransformer(nn.Module):
                 raise ValueError(f"graph_tokens must be a list of one int per micro-batch ({len(micro_batches)}), "
                                  f"got {graph_tokens!r}")
             for i, (mb, b) in enumerate(zip(micro_batches, graph_tokens)):
-                if b != 0 and (isinstance(b, bool) or b not in self.graph_buckets or b < mb.num_tokens):
+                if isinstance(b, bool) or not isinstance(b, int) or (
+                        b != 0 and (b not in self.graph_buckets or b < mb.num_tokens)):
                     raise ValueError(f"graph_tokens[{i}] must be 0 or one of the graph buckets "
                                      f"{list(self.graph_buckets)} holding the micro-batch's {mb.num_tokens} "
                                      f"tokens, got {b!r}")
