@@ -112,7 +112,8 @@ TEST(PlannerTest, PlansCarryEachMicroBatchsGraphBucket) {
   s.cost = CostModel(ModelConfig::preset("llama-7b"), hw, Topology(8, 8), options);
   std::vector<int64_t> lengths = longTailed(200, 11);
   for (int64_t& n : lengths) n = std::min<int64_t>(n, 4096);
-  StepPlan plan = s.planner(0.0).plan(lengths);
+  const Planner planner = s.planner(0.0);
+  StepPlan plan = planner.plan(lengths);
   int graphed = 0;
   for (const PlannedPhase& phase : plan.phases) {
     ASSERT_EQ(phase.graphTokens.size(), phase.packing.microBatches.size());
@@ -138,7 +139,7 @@ TEST(PlannerTest, PlansCarryEachMicroBatchsGraphBucket) {
     }
     EXPECT_EQ(phase.cost.graphedMicroBatches, phaseGraphed);
     // No worse than the packing to the memory budget alone, which pads nothing here.
-    const CandidateModel& m = s.planner(0.0).candidateModel(phase.candidate, phase.recompute);
+    const CandidateModel& m = planner.candidateModel(phase.candidate, phase.recompute);
     std::vector<int64_t> local;
     for (int i : phase.sequences) local.push_back(plan.pieces[i].length);
     PackOptions budget;
