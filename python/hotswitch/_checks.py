@@ -5,7 +5,8 @@ import json
 import math
 from typing import Iterable, Iterator, Optional, Tuple, Type
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_positive", "json_lines", "read_json_object"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_positive", "check_token_counts", "json_lines",
+           "read_json_object"]
 
 
 def check_int(name: str, value, low: int, high: Optional[int] = None) -> int:
@@ -14,6 +15,17 @@ def check_int(name: str, value, low: int, high: Optional[int] = None) -> int:
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be an int {bound}, got {value!r}")
     return value
+
+
+def check_token_counts(name: str, values, high: Optional[int] = None, high_name: str = "") -> list:
+    """``values`` as a non-empty list of distinct int token counts, each >= 1 (and <= ``high``,
+    named ``high_name`` in the message, when given)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 or (high is not None and v > high)
+            for v in values) or len(set(values)) != len(values):
+        bound = f"in [1, {high_name}({high})]" if high is not None else ">= 1"
+        raise ValueError(f"{name} must be a non-empty list of distinct token counts {bound}, got {values!r}")
+    return list(values)
 
 
 def check_positive(name: str, value) -> float:

@@ -9,7 +9,7 @@ import math
 from typing import List, Optional, Sequence, Union
 
 from hotswitch._C import HardwareProfile, Layout, Topology
-from hotswitch._checks import check_bool, check_choice, check_int
+from hotswitch._checks import check_bool, check_choice, check_int, check_token_counts
 from hotswitch.precision import LossScaling
 from hotswitch.redistribute import DEFAULT_TIMEOUT_S
 
@@ -225,12 +225,7 @@ class RuntimeConfig:
         if self.topology is not None and not isinstance(self.topology, Topology):
             raise ValueError(f"topology must be a hotswitch.Topology, got {self.topology!r}")
         if self.graph_buckets is not None:
-            buckets = self.graph_buckets
-            if isinstance(buckets, (str, bytes)) or not isinstance(buckets, (list, tuple)) or not buckets or any(
-                    isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets) or \
-                    len(set(buckets)) != len(buckets):
-                raise ValueError(f"graph_buckets must be a non-empty list of distinct token counts >= 1, got "
-                                 f"{buckets!r}")
+            check_token_counts("graph_buckets", self.graph_buckets)
             g = self.graph_layer_overhead_seconds
             if isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and g >= 0):
                 raise ValueError(f"graph_buckets needs graph_layer_overhead_seconds, finite seconds >= 0 (measured "

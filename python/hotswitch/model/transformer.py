@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from hotswitch import _C
+from hotswitch._checks import check_token_counts
 from hotswitch.logging import get_logger
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.batch import MicroBatch, to_device
@@ -459,11 +460,7 @@ class ParallelTransformer(nn.Module):
     def _check_buckets(buckets, config, layout) -> Tuple[int, ...]:
         if buckets is None:
             return ()
-        if isinstance(buckets, (str, bytes)) or not isinstance(buckets, (list, tuple)) or not buckets or any(
-                isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= config.max_position_embeddings
-                for b in buckets) or len(set(buckets)) != len(buckets):
-            raise ValueError(f"graph_buckets must be a non-empty list of distinct token counts in [1, "
-                             f"max_position_embeddings({config.max_position_embeddings})], got {buckets!r}")
+        check_token_counts("graph_buckets", buckets, config.max_position_embeddings, "max_position_embeddings")
         if layout.tp != 1 or layout.pp != 1 or layout.cp != 1:
             raise ValueError(f"graph_buckets: layers run from CUDA graphs only under data parallelism (tp, pp and "
                              f"cp 1), got layout {layout}")
