@@ -618,12 +618,16 @@ PYBIND11_MODULE(_C, m) {
            "Seconds a step spends after its last phase with this home layout: the parameters' all-gather under "
            "ZeRO, the optimizer's update and the fixed step overhead.")
       .def("phase", [](const CostModel& c, const Layout& layout, const PhaseBatches& batches,
-                       std::optional<std::string> recompute) {
-        return recompute ? c.phase(layout, parseRecompute(*recompute), batches) : c.phase(layout, batches);
+                       std::optional<std::string> recompute,
+                       std::optional<std::vector<std::vector<int64_t>>> graphTokens) {
+        const LayoutTerms t = recompute ? c.terms(layout, parseRecompute(*recompute)) : c.terms(layout);
+        return c.phase(layout, t, batches, graphTokens ? &*graphTokens : nullptr);
       }, py::arg("layout"), py::arg("batches"), py::arg("recompute") = py::none(),
+           py::arg("graph_tokens") = py::none(),
            "Predicted time (seconds) and peak memory (bytes) per rank of one phase (PhaseCost); batches[replica]"
            "[k] lists the sequence lengths of micro-batch k of that data-parallel replica; recompute 'none', "
-           "'selective' or 'full' (default: the model's).");
+           "'selective' or 'full' (default: the model's); graph_tokens[replica][k], when given, the graph bucket "
+           "each micro-batch ran padded to (0: as it is), as a plan's graph_tokens, instead of the model's choice.");
 
   py::class_<SwitchEstimate>(m, "SwitchEstimate")
       .def_static("of", [](const TensorSet& set, const Placement& from, const Placement& to, const Topology& topology) {

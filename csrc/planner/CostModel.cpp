@@ -445,12 +445,32 @@ PhaseCost CostModel::phase(const Layout& layout, Recompute recompute, const Phas
   return phase(layout, terms(layout, recompute), batches);
 }
 
-PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const PhaseBatches& batches) const {
+PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const PhaseBatches& batches,
+                           const std::vector<std::vector<int64_t>>* graphTokens) const {
   HS_CHECK(static_cast<int>(batches.size()) == layout.dp(), "phase under ", layout.name(), " got ",
            batches.size(), " replicas of micro-batches, expected dp(", layout.dp(), ")");
   for (const auto& replica : batches) {
     for (const auto& micro : replica) {
       for (int64_t s : micro) HS_CHECK(s >= 1, "sequence length must be >= 1, got ", s);
+    }
+  }
+  if (graphTokens != nullptr) {
+    HS_CHECK(graphTokens->size() == batches.size(), "graph_tokens has ", graphTokens->size(),
+             " replicas, expected the batches' ", batches.size());
+    const auto& buckets = options_.graphBuckets;
+    for (size_t r = 0; r < batches.size(); ++r) {
+      HS_CHECK((*graphTokens)[r].size() == batches[r].size(), "graph_tokens[", r, "] has ",
+               (*graphTokens)[r].size(), " entries, expected one per micro-batch (", batches[r].size(), ")");
+      for (size_t k = 0; k < batches[r].size(); ++k) {
+        const int64_t b = (*graphTokens)[r][k];
+        if (b == 0) continue;
+        int64_t n = 0;
+        for (int64_t s : batches[r][k]) n += s;
+        HS_CHECK(t.graphs, "graph_tokens[", r, "][", k, "] is ", b, " but ", layout.name(),
+                 " runs no CUDA graphs (graph buckets, tp, pp and cp 1, no full recomputation)");
+        HS_CHECK(std::binary_search(buckets.begin(), buckets.end(), b) && b >= n, "graph_tokens[", r, "][", k,
+                 "] is ", b, ", expected 0 or a graph bucket that holds the micro-batch's ", n, " tokens");
+      }
     }
   }
   const int pp = layout.pp(), tp = layout.tp();
@@ -503,7 +523,12 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
       const double cpExchange = t.alphaCp * n + t.microBatchCpSeconds;
       last[k] = (t.alpha() - t.alphaCp) * rankTokens + t.beta * rankSquares + t.gamma * rankSequences +
                 t.microBatchSeconds + t.alphaCp * n;
-      if (const auto [bucket, added] = graphChoice(t, n); bucket > 0) {  // 12: padded, from the graphs
+      auto [bucket, added] = graphChoice(t, n);
+      if (graphTokens != nullptr) {  // as it ran
+        bucket = (*graphTokens)[static_cast<size_t>(&replica - batches.data())][k];
+        added = bucket > 0 ? graphAdded(t, static_cast<double>(bucket) - n) : 0.0;
+      }
+      if (bucket > 0) {  // 12: padded, from the graphs
         last[k] += added;
         tokens.back().first = bucket;
         tokens.back().second += (static_cast<double>(bucket) - n) * (static_cast<double>(bucket) - n);
@@ -566,9 +591,12 @@ std::pair<int64_t, double> CostModel::graphChoice(const LayoutTerms& t, double t
   const auto it = std::lower_bound(buckets.begin(), buckets.end(), tokens,
                                    [](int64_t b, double n) { return static_cast<double>(b) < n; });
   if (it == buckets.end()) return {0, 0.0};
-  const double pad = static_cast<double>(*it) - tokens;
-  const double added = t.alpha() * pad + t.beta * pad * pad + (pad > 0 ? t.gamma : 0.0) - t.graphSavedSeconds;
+  const double added = graphAdded(t, static_cast<double>(*it) - tokens);
   return added < 0 ? std::make_pair(*it, added) : std::make_pair(int64_t{0}, 0.0);
+}
+
+double CostModel::graphAdded(const LayoutTerms& t, double pad) {
+  return t.alpha() * pad + t.beta * pad * pad + (pad > 0 ? t.gamma : 0.0) - t.graphSavedSeconds;
 }
 
 int64_t CostModel::graphTokens(const LayoutTerms& terms, const std::vector<int64_t>& lengths) const {

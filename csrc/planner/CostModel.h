@@ -301,8 +301,13 @@ class CostModel {
   PhaseCost phase(const Layout& layout, const PhaseBatches& batches) const;
   PhaseCost phase(const Layout& layout, Recompute recompute, const PhaseBatches& batches) const;
   // The same with the layout's terms already at hand (no validation of the layout); the
-  // terms' recompute decides the memory.
-  PhaseCost phase(const Layout& layout, const LayoutTerms& terms, const PhaseBatches& batches) const;
+  // terms' recompute decides the memory. `graphTokens` (12), when given, says which graph
+  // bucket each micro-batch ran padded to (graphTokens[replica][k], 0: as it is) instead of
+  // graphTokens' choice: how a phase that ran is priced under other coefficients. Throws
+  // InvalidArgument when its shape is not the batches' or an entry is neither 0 nor a bucket
+  // that holds its micro-batch under a layout that runs graphs.
+  PhaseCost phase(const Layout& layout, const LayoutTerms& terms, const PhaseBatches& batches,
+                  const std::vector<std::vector<int64_t>>* graphTokens = nullptr) const;
 
   // The graph bucket a micro-batch of these sequence lengths runs padded to under the terms
   // (12), or 0 when it runs as it is (no bucket holds it, the padding costs more than the
@@ -319,6 +324,8 @@ class CostModel {
   // graphTokens of a micro-batch of `tokens` tokens, and the seconds running it from the
   // graphs adds (< 0), or (0, 0).
   std::pair<int64_t, double> graphChoice(const LayoutTerms& terms, double tokens) const;
+  // The seconds a micro-batch padded by `pad` tokens and run from the graphs adds (12).
+  static double graphAdded(const LayoutTerms& terms, double pad);
   // The bandwidth and latency of a ring over the layout's groups along `axis` (4 above): inside
   // a node its links; across nodes the NICs of the group's ranks on each node.
   std::pair<double, double> groupLink(const Layout& layout, Axis axis) const;

@@ -175,12 +175,15 @@ class RuntimeConfig:
     graphs (``ParallelTransformer(graph_buckets=...)``): the planner pads a micro-batch to the
     smallest that holds it when the padding costs less than the launches it saves
     (``CostModel(graph_buckets=...)``), and the plan's ``graph_tokens`` say which. Needs
-    ``graph_layer_overhead_seconds``."""
+    ``graph_layer_overhead_seconds`` or the start-up ``probe``, which measures it."""
 
     graph_layer_overhead_seconds: Optional[float] = None
     """The fixed seconds per layer of a micro-batch run from the graphs, in place of the
     hardware profile's ``layer_overhead_seconds``: measured on the device
-    (``hotswitch.calibration.measure_micro_batch(..., graphs=True)``)."""
+    (``hotswitch.calibration.measure_micro_batch(..., graphs=True)``), and refitted with the
+    profile under ``recalibrate``. None under ``probe``: the start-up probe measures it (each
+    data-parallel layout runs a pack of a bucket's tokens eagerly and from the graphs); until
+    then the graphs are priced as saving nothing."""
 
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
@@ -227,18 +230,26 @@ class RuntimeConfig:
         if self.graph_buckets is not None:
             check_token_counts("graph_buckets", self.graph_buckets)
             g = self.graph_layer_overhead_seconds
-            if isinstance(g, bool) or not isinstance(g, (int, float)) or not (math.isfinite(g) and g >= 0):
-                raise ValueError(f"graph_buckets needs graph_layer_overhead_seconds, finite seconds >= 0 (measured "
-                                 f"with hotswitch.calibration.measure_micro_batch(..., graphs=True)), got {g!r}")
+            if g is None and not self.probe:
+                raise ValueError("graph_buckets needs graph_layer_overhead_seconds (measured with "
+                                 "hotswitch.calibration.measure_micro_batch(..., graphs=True)) or probe=True, whose "
+                                 "start-up probe measures it; got neither")
+            if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or
+                                  not (math.isfinite(g) and g >= 0)):
+                raise ValueError(f"graph_layer_overhead_seconds must be finite seconds >= 0 (measured with "
+                                 f"hotswitch.calibration.measure_micro_batch(..., graphs=True)), got {g!r}")
         elif self.graph_layer_overhead_seconds is not None:
             raise ValueError(f"graph_layer_overhead_seconds ({self.graph_layer_overhead_seconds!r}) needs graph_buckets")
 
-    def graph_options(self) -> dict:
-        """The cost model's keyword arguments for the CUDA graph buckets (none without)."""
+    def graph_options(self, hardware: "HardwareProfile") -> dict:
+        """The cost model's keyword arguments for the CUDA graph buckets (none without). Left
+        to the probe, the graph overhead starts at ``hardware``'s layer overhead: the graphs
+        save nothing until measured."""
         if self.graph_buckets is None:
             return {}
+        g = self.graph_layer_overhead_seconds
         return dict(graph_buckets=sorted(self.graph_buckets),
-                    graph_layer_overhead_seconds=float(self.graph_layer_overhead_seconds))
+                    graph_layer_overhead_seconds=float(hardware.layer_overhead_seconds if g is None else g))
 
     def digest_fields(self) -> tuple:
         """Every field as plain values (layouts by name, profiles by their fields), in field

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from datetime import timedelta
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,12 @@ EXPLORE_SHARE = 0.25
 # the per-token, per-sequence and attention terms.
 PROBE_PACKS = ((0.125, 1), (0.5, 4), (0.5, 1))
 _TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _ran_graphs(model, graph_tokens) -> List[int]:
+    """A micro-batch list's graph tokens as ``model`` runs them: 0 where it cannot run from
+    the graphs (``ParallelTransformer.runs_graphed``) and runs as it is."""
+    return [b if b and model.runs_graphed(b) else 0 for b in graph_tokens]
 
 
 class NonFiniteLoss(ValueError):
@@ -207,6 +213,9 @@ class Runtime:
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
         self.hardware = hardware
+        # Under graph buckets, the fixed seconds per layer of a micro-batch run from the graphs:
+        # given, or the layer overhead (no saving) until the start-up probe measures it.
+        self._graph_overhead = s.graph_options(hardware).get("graph_layer_overhead_seconds")
         self._layout_scale: Dict[str, float] = {}  # per layout, from the measured phases (re-calibration)
         self._measured: set = set()  # layouts the online calibration has observed
         self.cost = self._cost_model(hardware)
@@ -268,7 +277,7 @@ class Runtime:
             raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         self.prediction_errors: List[float] = []
         self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero,
-                                             graphs=s.graph_options()) if s.recalibrate else None
+                                             graphs=self._graph_options()) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._fits_applied = 0
         self._overhead_s = 0.0
@@ -287,7 +296,13 @@ class Runtime:
         chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
         gathers K/V before its attention call)."""
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
-                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(), **self.settings.graph_options())
+                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(), **self._graph_options())
+
+    def _graph_options(self) -> dict:
+        """The cost model's CUDA graph options: the settings' buckets, the current graph overhead."""
+        if self._graph_overhead is None:
+            return {}
+        return dict(graph_buckets=sorted(self.settings.graph_buckets), graph_layer_overhead_seconds=self._graph_overhead)
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
         """The graph buckets of ``layout``'s model: the settings' under a data-parallel layout."""
@@ -510,6 +525,7 @@ class Runtime:
         loss_sum = torch.zeros(1, dtype=torch.float64)
         phases: List[PhaseResult] = []
         cold = []  # whether each phase is its layout's first in this process
+        ran_graphs = []  # per phase, the graph tokens of every replica's micro-batches as they ran
         current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
         for k, ph in enumerate(plan.phases):
             layout = ph.layout
@@ -533,6 +549,7 @@ class Runtime:
                                                      graph_tokens=list(ph.graph_tokens[coord.dp_rank]))
             model.finish_gradients()
             compute_s = time.perf_counter() - t0
+            ran_graphs.append([_ran_graphs(model, r) for r in ph.graph_tokens])
             if coord.tp_rank == 0 and coord.pp_rank == 0 and coord.cp_rank == 0:
                 loss_sum += float(replica_loss)
 
@@ -611,7 +628,7 @@ class Runtime:
         self.prediction_errors.append(error)
         self.step += 1
         self.skipped += int(skipped)
-        self._observe(plan, lengths, times.tolist())
+        self._observe(plan, lengths, times.tolist(), ran_graphs)
         self._update_trust(plan, [float(times[2 + 3 * k]) for k in range(len(phases))], cold)
         if self.settings.home_window:
             self._recent.append(lengths)
@@ -874,7 +891,7 @@ class Runtime:
                       "step %d", self.step, name, measured, predicted, 100 * error,
                       100 * threshold, self._left_out_until[name])
 
-    def _observe(self, plan, lengths, times) -> None:
+    def _observe(self, plan, lengths, times, ran_graphs) -> None:
         """Feeds the step's slowest-rank times to the online calibration (from the second step
         on: the first runs each layout cold) and fits the cost model; the fit is agreed on and
         used at the next step. After a start-up probe (``RuntimeConfig.probe``) every layout is
@@ -886,7 +903,8 @@ class Runtime:
             self._measured.add(ph.layout.name)
             compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
             batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph.packing.micro_batches]
-            self.calibration.observe_phase(ph.layout, batches, compute_s, ph.recompute)
+            self.calibration.observe_phase(ph.layout, batches, compute_s, ph.recompute,
+                                           graph_tokens=ran_graphs[k] if self._graph_overhead is not None else None)
             # Planned at the current scale; the home phase's own reduction is planned as 0.
             self.calibration.observe_switch(ph.switch_in_seconds / self._switch_scale, switch_s)
             self.calibration.observe_switch(ph.grad_seconds / self._switch_scale, grad_s)
@@ -896,17 +914,20 @@ class Runtime:
     def _refit(self, when: str) -> None:
         """Fits the cost model to the observations so far; the fit is agreed on and used at the
         next ``_apply_fit``."""
-        fit = self.calibration.fit(self.hardware)
+        fit = self.calibration.fit(self.hardware, self._graph_overhead)
         if fit is None:
             return
         d = fit.hardware.to_dict()
+        graphed = [] if self._graph_overhead is None else [fit.graph_layer_overhead_seconds]
         self._fit_vector = torch.tensor([d[f] for f in self._FIT_FIELDS] + [fit.switch_scale, fit.overhead_s] +
-                                        [fit.layout_scale.get(c.name, 1.0) for c in self.candidates],
+                                        graphed + [fit.layout_scale.get(c.name, 1.0) for c in self.candidates],
                                         dtype=torch.float64)
         _log.info("re-calibration %s: phase time error %.1f%% -> %.1f%% over %d phases; switch scale "
-                  "%.2f, fixed %.3f s per step; layout factors %s", when, 100 * fit.error_before,
+                  "%.2f, fixed %.3f s per step; layout factors %s%s", when, 100 * fit.error_before,
                   100 * fit.error_after, fit.phases, fit.switch_scale, fit.overhead_s,
-                  {n: round(k, 3) for n, k in fit.layout_scale.items()})
+                  {n: round(k, 3) for n, k in fit.layout_scale.items()},
+                  "" if not graphed else f"; layer overhead {1e3 * fit.hardware.layer_overhead_seconds:.3f} ms, "
+                                         f"from the graphs {1e3 * graphed[0]:.3f} ms")
 
     def _apply_fit(self) -> None:
         """Makes the last fit (rank 0's, so that every rank plans alike) the planner's model."""
@@ -922,7 +943,11 @@ class Runtime:
         self.hardware = hardware
         n = len(self._FIT_FIELDS)
         self._switch_scale, self._overhead_s = values[n], values[n + 1]
-        self._layout_scale = {c.name: k for c, k in zip(self.candidates, values[n + 2:]) if k != 1.0}
+        n += 2
+        if self._graph_overhead is not None:
+            self._graph_overhead = values[n]
+            n += 1
+        self._layout_scale = {c.name: k for c, k in zip(self.candidates, values[n:]) if k != 1.0}
         self._fits_applied += 1
         self.cost = self._cost_model(hardware)
         self.planner = self._build_planner()
@@ -934,12 +959,14 @@ class Runtime:
         runs forward and backward of synthetic micro-batches, one per entry of ``PROBE_PACKS``
         (a fraction of the tokens its micro-batch holds, at most ``max_context``, cut into so
         many sequences; ``2 * pp`` such micro-batches under a pipeline, so that its fill shows),
-        each timed after an untimed run of the same shape. The slowest rank's times refit the
-        cost model (``OnlineCalibration``, layout factors included), which every rank plans
-        the first step with; unless the home was given, it moves to the layout the fitted model
-        prefers for a ``max_context`` sequence. The master weights, the optimizer and the data
-        are untouched: the probe's gradients are dropped and its tokens come from a generator
-        of its own."""
+        each timed after an untimed run of the same shape. Under graph buckets a layout that
+        runs graphs also runs one sequence of its smallest and of its largest bucket it holds,
+        eagerly and from the graphs (``_probe_packs``): the difference is the launches the
+        graphs save. The slowest rank's times refit the cost model (``OnlineCalibration``,
+        layout factors and the graph overhead included), which every rank plans the first step
+        with; unless the home was given, it moves to the layout the fitted model prefers for a
+        ``max_context`` sequence. The master weights, the optimizer and the data are untouched:
+        the probe's gradients are dropped and its tokens come from a generator of its own."""
         gen = torch.Generator().manual_seed(self.seed)
         vocab = self.config.vocab_size
         runs, times = [], []
@@ -948,19 +975,17 @@ class Runtime:
             hold = min(budget, self.max_context)
             if hold < 16:
                 continue  # it holds no sequence worth timing
-            per = 2 * layout.pp if layout.pp > 1 else 1
-            packs = [[[int(hold * f) // cut] * cut for _ in range(per)] for f, cut in PROBE_PACKS]
             self._stage = f"start-up probe: switching parameters {self.home.name} -> {layout.name}"
             params, _ = self._enter(0, layout, None, None)
             model = self._model(layout, params)
             model.recompute = mode
+            packs = self._probe_packs(layout, mode, hold, model)
             self._stage = f"start-up probe: forward and backward under {layout.name}"
-            for pack in packs:
+            for pack, graphed in packs:
                 mbs = [MicroBatch.from_sequences([torch.randint(0, vocab, (n,), generator=gen) for n in micro])
                        for micro in pack]
-                # Each micro-batch from the graphs where the plans would run it so: then the first run
-                # compiles, the second captures, and the third replays, as every later step does.
-                graphed = [self.cost.graph_tokens(layout, micro, mode) for micro in pack]
+                # From the graphs, the first run compiles, the second captures, and the third
+                # replays, as every later step does.
                 for timed in ([False] * (2 if any(graphed) else 1)) + [True]:
                     model.zero_grad()
                     t0 = time.perf_counter()
@@ -978,10 +1003,12 @@ class Runtime:
         seconds = iter(measured.tolist())
         report = {}
         for layout, mode, packs in runs:
-            for pack in packs:
+            for pack, graphed in packs:
                 t = next(seconds)
-                self.calibration.observe_phase(layout, [pack] * layout.dp, t, mode)
-                report.setdefault(layout.name, []).append(f"{len(pack)}x{pack[0]} tokens {1e3 * t:.1f} ms")
+                tokens = [graphed] * layout.dp if self._graph_overhead is not None else None
+                self.calibration.observe_phase(layout, [pack] * layout.dp, t, mode, graph_tokens=tokens)
+                report.setdefault(layout.name, []).append(
+                    f"{len(pack)}x{pack[0]} tokens{' from the graphs' if any(graphed) else ''} {1e3 * t:.1f} ms")
             self._measured.add(layout.name)
         _log.info("start-up probe, slowest rank: %s", report)
         self._refit(f"after the start-up probe ({len(runs)} layouts, {measured.sum().item():.3f} s)")
@@ -993,6 +1020,25 @@ class Runtime:
                 _log.info("start-up probe: the fitted model prefers the home %s to %s for a %d-token sequence",
                           best.name, self.home.name, self.max_context)
                 self.move_home(best)
+
+    def _probe_packs(self, layout, mode: str, hold: int, model) -> List[Tuple[List[List[int]], List[int]]]:
+        """The start-up probe's micro-batches under ``layout`` (``_probe``), which holds ``hold``
+        tokens per micro-batch under ``mode``, and whose ``model`` runs them: (sequence lengths
+        per micro-batch, the graph bucket each runs padded to, 0: as it is) per timed run.
+        ``PROBE_PACKS`` as the plans would run them; then, where the layout runs graphs, one
+        sequence of its smallest and of its largest bucket of at least 16 tokens that it holds
+        and runs from the graphs, each as it is and from the graphs, filling the bucket: the
+        same work, with and without the launches."""
+        per = 2 * layout.pp if layout.pp > 1 else 1
+        out = []
+        for f, cut in PROBE_PACKS:
+            pack = [[int(hold * f) // cut] * cut for _ in range(per)]
+            out.append((pack, _ran_graphs(model, [self.cost.graph_tokens(layout, micro, mode) for micro in pack])))
+        if self._graph_overhead is not None and self.cost.terms(layout, mode).graphs:
+            held = [b for b in sorted(self.settings.graph_buckets) if 16 <= b <= hold and model.runs_graphed(b)]
+            for bucket in sorted({held[0], held[-1]}) if held else []:
+                out += [([[bucket]], [0]), ([[bucket]], [bucket])]
+        return out
 
     def _grads_home(self, model, layout, ph):
         """This phase's gradients as home-layout tensors (the home placement's shards or ZeRO

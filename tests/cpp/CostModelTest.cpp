@@ -524,5 +524,54 @@ TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
   EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), negative), InvalidArgument);
 }
 
+TEST(CostModelTest, APhaseIsPricedWithTheGraphBucketsItRanWith) {
+  // How a phase that ran is priced again (online re-calibration): each micro-batch at the
+  // graph bucket it ran padded to, whatever the model's own choice would be.
+  HardwareProfile hw = unitHardware();
+  hw.layerOverheadSeconds = 0.05;
+  CostOptions options;
+  options.graphBuckets = {8, 64};
+  options.graphLayerOverheadSeconds = 0.01;
+  CostModel graphs(tiny(), hw, Topology(1, 1), options), plain(tiny(), hw, Topology(1, 1));
+  const Layout dp(1, 1, 1);
+  const LayoutTerms t = graphs.terms(dp);
+  const PhaseBatches batches{{{5, 3}, {7}, {4, 5}, {70}}};
+  auto added = [&](double n, double b) {
+    const double pad = b - n;
+    return t.alpha() * pad + t.beta * pad * pad + (pad > 0 ? t.gamma : 0.0) - t.graphSavedSeconds;
+  };
+  // As chosen: the same as without the tokens.
+  const std::vector<std::vector<int64_t>> chosen{{8, 8, 0, 0}};
+  EXPECT_DOUBLE_EQ(graphs.phase(dp, t, batches, &chosen).totalSeconds, graphs.phase(dp, batches).totalSeconds);
+  // Against the choice: 9 tokens padded to 64 (more than the launches save), 7 run as they are.
+  const std::vector<std::vector<int64_t>> ran{{8, 0, 64, 0}};
+  const PhaseCost cost = graphs.phase(dp, t, batches, &ran);
+  EXPECT_EQ(cost.graphedMicroBatches, 2);
+  EXPECT_NEAR(cost.totalSeconds, plain.phase(dp, batches).totalSeconds + added(8, 8) + added(9, 64), 1e-12);
+  // A micro-batch padded to 64 keeps the activations of itself and its padding sequence.
+  const std::vector<std::vector<int64_t>> padded{{64}};
+  EXPECT_EQ(graphs.phase(dp, t, {{{4, 5}}}, &padded).activationBytes, plain.phase(dp, {{{4, 5, 55}}}).activationBytes);
+  // None graphed: the plain model's price.
+  const std::vector<std::vector<int64_t>> none{{0, 0, 0, 0}};
+  EXPECT_DOUBLE_EQ(graphs.phase(dp, t, batches, &none).totalSeconds, plain.phase(dp, batches).totalSeconds);
+
+  for (const auto& bad : std::vector<std::vector<std::vector<int64_t>>>{
+           {{8, 0, 0}},            // one entry short
+           {{8, 0, 0, 0}, {0}},    // a replica too many
+           {{4, 0, 0, 0}},         // a bucket that does not hold 8 tokens
+           {{16, 0, 0, 0}},        // not a bucket
+           {{0, 0, 0, 70}}}) {     // not a bucket either
+    EXPECT_THROW(graphs.phase(dp, t, batches, &bad), InvalidArgument);
+  }
+  // A layout without graphs ran none.
+  CostModel pair(tiny(), hw, Topology(2, 2), options);
+  const Layout tp2(1, 2, 1);
+  const std::vector<std::vector<int64_t>> tpRan{{8}};
+  EXPECT_THROW(pair.phase(tp2, pair.terms(tp2), {{{5, 3}}}, &tpRan), InvalidArgument);
+  const std::vector<std::vector<int64_t>> tpNone{{0}};
+  EXPECT_DOUBLE_EQ(pair.phase(tp2, pair.terms(tp2), {{{5, 3}}}, &tpNone).totalSeconds,
+                   pair.phase(tp2, {{{5, 3}}}).totalSeconds);
+}
+
 }  // namespace
 }  // namespace hotswitch

@@ -17,6 +17,10 @@ and the slowest rank's measured seconds; and what the step spent outside phases 
   machine (how its collectives overlap, how its pipeline's stages share a host's cores);
   the factor carries what they miss, so that the home and the layouts already run are
   priced as they ran;
+- under CUDA graph buckets, prices each phase with the graph buckets its micro-batches ran
+  padded to, and takes the fixed cost per layer of a micro-batch run from the graphs as the
+  refitted layer overhead less the saving measured in pairs of runs of the same micro-batch,
+  as it is and from the graphs (``observe_graph_saving``; the runtime's start-up probe);
 - scales the switch estimates by the ratio of measured to planned switch seconds;
 - keeps a running mean of the fixed per-step time outside phases and switches, which the
   runtime adds to the planner's prediction.
@@ -49,6 +53,10 @@ _PROBE = {"layer_overhead_seconds": 1e-5, "sequence_overhead_seconds": 1e-6,
           "intra_node_latency": 1e-5, "inter_node_latency": 1e-5}
 
 
+# The least pull towards its current value of a term the phases barely depend on, as a share
+# of the average term's (``OnlineCalibration._fit_shared``).
+RIDGE_FLOOR = 1e-2
+
 # The pull of a layout's factor towards 1, in observations at 1: one phase at twice its
 # prediction gives 2 ** (1 / 1.5) = 1.59, three give 2 ** (3 / 3.5) = 1.81.
 LAYOUT_PRIOR = 0.5
@@ -67,6 +75,10 @@ class Fit:
     error_after: float           # the same under the refitted profile and layout factors
     phases: int                  # observations used
     layout_scale: Dict[str, float] = dataclasses.field(default_factory=dict)  # per observed layout
+    # Under graph buckets: the seconds per layer of a micro-batch run from the graphs, the
+    # refitted layer overhead less the measured saving (the one given without a saving
+    # observed); None without buckets.
+    graph_layer_overhead_seconds: Optional[float] = None
 
 
 def _fields(hw) -> dict:
@@ -96,9 +108,9 @@ class OnlineCalibration:
     """Observations of recent steps and the refit of the cost model from them.
 
     ``window``: phases (and switches) kept; ``ridge``: weight of the pull towards the current
-    coefficients, relative to the data's scale. ``graphs``: the cost model's CUDA graph
-    options (``graph_buckets``, ``graph_layer_overhead_seconds``) the phases ran under, so
-    that a phase's prediction pads and graphs its micro-batches as the plan did."""
+    coefficients, relative to each term's weight in the data (``RIDGE_FLOOR``). ``graphs``: the cost model's CUDA graph
+    options (``graph_buckets``, ``graph_layer_overhead_seconds``) the phases ran under; a phase
+    observed with its ``graph_tokens`` is priced padded and graphed as it ran."""
 
     def __init__(self, model_config, topology, zero: bool, window: int = 64, ridge: float = 1e-3,
                  graphs: Optional[dict] = None):
@@ -107,16 +119,34 @@ class OnlineCalibration:
         self.topology = topology
         self.zero = zero
         self.ridge = ridge
-        self.phases: Deque[Tuple["_C.Layout", List[List[List[int]]], float, str]] = collections.deque(maxlen=window)
+        self.phases: Deque[Tuple["_C.Layout", List[List[List[int]]], float, str, Optional[List[List[int]]]]] = \
+            collections.deque(maxlen=window)
+        self.graph_savings: Deque[Tuple[str, float]] = collections.deque(maxlen=window)  # (layout, s per micro-batch)
+        # During a fit: the graph overhead kept without a saving, and the saving per layer.
+        self._given_graph_overhead = self.graphs.get("graph_layer_overhead_seconds")
+        self._saving: Optional[float] = None
         self.switches: Deque[Tuple[float, float]] = collections.deque(maxlen=window)
         self.overheads: Deque[float] = collections.deque(maxlen=window)
 
     def observe_phase(self, layout, batches: Sequence[Sequence[Sequence[int]]], measured_s: float,
-                      recompute: str = "none") -> None:
+                      recompute: str = "none", graph_tokens: Optional[Sequence[Sequence[int]]] = None) -> None:
         """``batches[replica][k]``: the sequence lengths of micro-batch k of each data replica;
-        ``recompute``: the activation recomputation the phase ran with."""
+        ``recompute``: the activation recomputation the phase ran with; ``graph_tokens[replica][k]``:
+        the graph bucket micro-batch k ran padded to, 0 where it ran as it is (a plan phase's
+        ``graph_tokens``; None: the cost model's choice)."""
         if measured_s > 0:
-            self.phases.append((layout, [[list(mb) for mb in r] for r in batches], float(measured_s), recompute))
+            tokens = None if graph_tokens is None else [[int(b) for b in r] for r in graph_tokens]
+            self.phases.append((layout, [[list(mb) for mb in r] for r in batches], float(measured_s), recompute,
+                                tokens))
+
+    def observe_graph_saving(self, layout, micro_batches: int, eager_s: float, graphed_s: float) -> None:
+        """The same ``micro_batches`` micro-batches per replica under ``layout``, each filling a
+        graph bucket, ran ``eager_s`` seconds as they are and ``graphed_s`` from the graphs: the
+        graphs saved the difference, the layers' fixed cost less theirs."""
+        if not self.graphs:
+            raise ValueError("observe_graph_saving needs graph buckets (OnlineCalibration(graphs=...))")
+        if eager_s > 0 and graphed_s > 0 and micro_batches >= 1:
+            self.graph_savings.append((layout.name, (float(eager_s) - float(graphed_s)) / micro_batches))
 
     def observe_switch(self, planned_s: float, measured_s: float) -> None:
         if planned_s > 0 and measured_s > 0:
@@ -137,40 +167,69 @@ class OnlineCalibration:
         measured = np.array([m for _, m in self.switches])
         return float(np.clip(planned @ measured / (planned @ planned), 0.05, 50.0))
 
+    def _graph_overhead(self, fields: dict) -> Optional[float]:
+        """The graph overhead under ``fields``: their layer overhead less the measured saving
+        per layer (at least 0), or the given one without a saving observed; None without buckets."""
+        if not self.graphs:
+            return None
+        if self._saving is None:
+            return self._given_graph_overhead
+        return max(0.0, fields["layer_overhead_seconds"] - self._saving)
+
+    def _layer_saving(self, layout_scale: Dict[str, float]) -> Optional[float]:
+        """The median saving per layer of the observed pairs, in the cost model's seconds
+        (a layout's factor scales its fixed costs too), or None without pairs."""
+        if not self.graph_savings:
+            return None
+        layers = self.model_config.num_layers
+        return float(np.median([s / (layers * layout_scale.get(n, 1.0)) for n, s in self.graph_savings]))
+
     def _predict(self, fields: dict, layout_scale=None) -> np.ndarray:
+        graphs = dict(self.graphs)
+        if graphs:
+            graphs["graph_layer_overhead_seconds"] = self._graph_overhead(fields)
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
-                            layout_scale=layout_scale or {}, **self.graphs)
+                            layout_scale=layout_scale or {}, **graphs)
         out = []
-        for layout, batches, _, recompute in self.phases:
-            out.append(cost.phase(layout, batches, recompute=recompute).run_seconds)
+        for layout, batches, _, recompute, tokens in self.phases:
+            out.append(cost.phase(layout, batches, recompute=recompute, graph_tokens=tokens).run_seconds)
         return np.array(out)
 
-    def fit(self, hardware) -> Optional[Fit]:
+    def fit(self, hardware, graph_layer_overhead_seconds: Optional[float] = None) -> Optional[Fit]:
         """The refitted profile, or None without observations. Deterministic in its inputs.
+        ``graph_layer_overhead_seconds``: under graph buckets, the graph overhead kept while no
+        saving has been observed (default: the one given with ``graphs``).
 
         The shared coefficients and the layout factors are fitted in turn, three rounds: the
         coefficients to the times divided by the factors, the factors to what the coefficients
         leave, so that one layout's excess does not pull every other layout's prediction."""
         if not self.phases:
             return None
-        measured = np.array([m for _, _, m, _ in self.phases])
+        measured = np.array([p[2] for p in self.phases])
+        self._given_graph_overhead = self.graphs.get("graph_layer_overhead_seconds") \
+            if graph_layer_overhead_seconds is None else float(graph_layer_overhead_seconds)
+        self._saving = None
         base = _fields(hardware)
         for name, value in _PROBE.items():
             if base[name] == 0:
                 base[name] = value
-        predicted = self._predict(base)
+        predicted = self._predict(base)  # under the given graph overhead
         layout_scale: Dict[str, float] = {}
+        # The graph overhead follows the layer overhead being fitted, less the saving.
+        self._saving = self._layer_saving(layout_scale)
         for _ in range(3):
             fields = self._fit_shared(base, measured, layout_scale)
             if fields is None:
                 return None
             layout_scale = self._layout_scale(self._predict(fields), measured)
+            self._saving = self._layer_saving(layout_scale)
         profile = _profile(fields)
         after = self._predict(fields, layout_scale)
         return Fit(hardware=profile, switch_scale=self.switch_scale, overhead_s=self.overhead_s,
                    error_before=float(np.median(np.abs(predicted - measured) / measured)),
                    error_after=float(np.median(np.abs(after - measured) / measured)),
-                   phases=len(measured), layout_scale=layout_scale)
+                   phases=len(measured), layout_scale=layout_scale,
+                   graph_layer_overhead_seconds=self._graph_overhead(fields))
 
     def _fit_shared(self, base: dict, measured: np.ndarray, layout_scale: Dict[str, float]) -> Optional[dict]:
         """The profile's fields refitted to ``measured`` under ``layout_scale``, by regularised
@@ -188,9 +247,13 @@ class OnlineCalibration:
             pinned = [i for i in range(x.shape[1]) if i not in active]
             a = x[:, active] * weights[:, None]
             b = (measured - rest - x[:, pinned] @ scale[pinned]) * weights
-            lam = self.ridge * float(np.mean(a * a)) * len(measured)
-            lhs = a.T @ a + lam * np.eye(len(active))
-            rhs = a.T @ b + lam * np.ones(len(active))
+            # Each term is pulled by ridge times its own weight in the data, so that a fixed cost
+            # that is a small share of every phase is fitted as well as the FLOP/s; and by at
+            # least RIDGE_FLOOR of the average term's, so that one the data barely see stays.
+            weight = np.diag(a.T @ a)
+            lam = self.ridge * np.maximum(weight, RIDGE_FLOOR * float(np.mean(weight)))
+            lhs = a.T @ a + np.diag(lam)
+            rhs = a.T @ b + lam
             solution = np.linalg.solve(lhs, rhs)
             low = [k for k, v in enumerate(solution) if v < 0.02]
             if not low:
@@ -212,7 +275,7 @@ class OnlineCalibration:
     def _layout_scale(self, predicted: np.ndarray, measured: np.ndarray) -> Dict[str, float]:
         """Per observed layout: exp(sum of log(measured / predicted) / (its phases + LAYOUT_PRIOR))."""
         logs: Dict[str, List[float]] = {}
-        for (layout, _, _, _), p, m in zip(self.phases, predicted, measured):
+        for (layout, *_), p, m in zip(self.phases, predicted, measured):
             if p > 0:
                 logs.setdefault(layout.name, []).append(float(np.log(m / p)))
         low, high = LAYOUT_SCALE_RANGE

@@ -137,10 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--graph-buckets", type=_token_counts, default=None, metavar="T1,T2,...",
                    help="token counts at which data-parallel layouts run their layers from CUDA graphs; the planner "
                         "pads a micro-batch to one when that saves more launches than the padding costs (needs "
-                        "--graph-layer-overhead)")
+                        "--graph-layer-overhead or --probe, which measures it)")
     t.add_argument("--graph-layer-overhead", type=float, default=None, metavar="SECONDS",
                    help="fixed seconds per layer of a micro-batch run from the graphs, as benchmarks.microbatch "
-                        "--graphs measures it on the device")
+                        "--graphs measures it on the device (default with --probe: measured at start-up)")
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -762,12 +762,13 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
         home = names.index(Layout.parse(settings.home).name if isinstance(settings.home, str) else settings.home.name)
     else:
         n = len(candidates)
-        probe = _C.Planner(_C.CostModel(model, hardware, topology, zero=settings.zero, **settings.graph_options()),
+        probe = _C.Planner(_C.CostModel(model, hardware, topology, zero=settings.zero,
+                                        **settings.graph_options(hardware)),
                            candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **options)
         home = probe.plan([settings.max_context]).best_static_candidate
     planner = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
-                            graphs=settings.graph_options(), **options)
+                            graphs=settings.graph_options(hardware), **options)
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
           f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
           flush=True)

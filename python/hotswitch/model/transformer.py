@@ -471,6 +471,14 @@ class ParallelTransformer(nn.Module):
         holds its tokens, or 0 (no bucket holds it, or no graph buckets: it runs as it is)."""
         return [next((b for b in self.graph_buckets if b >= mb.num_tokens), 0) for mb in micro_batches]
 
+    def runs_graphed(self, tokens: int) -> bool:
+        """Whether a micro-batch given the graph bucket ``tokens`` runs from the graphs: a
+        bucket of this model, not under full recomputation, and its attention static at that
+        size (``PackAttention.runs_static``); else it runs as it is."""
+        heads = self.config.num_attention_heads // self.layout.tp
+        return (tokens in self.graph_buckets and self._recompute != "full" and
+                PackAttention.runs_static(self.attention_kernel, heads, tokens, self.device))
+
     @property
     def recompute(self) -> str:
         """``"none"``, ``"selective"`` or ``"full"`` (see the class)."""

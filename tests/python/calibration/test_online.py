@@ -50,6 +50,87 @@ def test_fit_recovers_the_times_that_produced_the_observations():
     assert again.hardware == fit.hardware  # deterministic
 
 
+GRAPH_BUCKETS = [64, 128, 256]
+# dp4 phases whose micro-batches fill a bucket (every replica alike), each once as it is and
+# once from the graphs, as the runtime's start-up probe runs them: the same work, with and
+# without the launches.
+GRAPHED = [[[[64]]] * 4, [[[30, 34]]] * 4, [[[120, 8]]] * 4, [[[100, 28], [64]]] * 4, [[[256]]] * 4,
+           [[[16, 16, 16, 16]]] * 4, [[[200, 56]]] * 4]
+
+
+def test_graph_savings_and_graphed_phases_fit_the_graph_overhead():
+    # The truth: 2 ms per layer eagerly, 0.2 ms from the graphs. The calibration starts from a
+    # graph overhead that saves nothing (the runtime's start before its probe); pairs of the
+    # same micro-batch as it is and from the graphs measure the saving, and the graph overhead
+    # is the refitted layer overhead less it.
+    fields = _truth().to_dict()
+    fields["layer_overhead_seconds"] = 2e-3
+    truth = hs.HardwareProfile.from_dict(fields)
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
+    topology = hs.Topology(4, 4)
+    cost = hs.CostModel(cfg, truth, topology, graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=2e-4)
+    start = w.hardware()
+    cal = OnlineCalibration(cfg, topology, zero=False, graphs=dict(
+        graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=start.layer_overhead_seconds))
+    dp4 = hs.Layout.parse("dp4")
+    for name, batches in BATCHES:
+        layout = hs.Layout.parse(name)
+        cal.observe_phase(layout, batches, cost.phase(layout, batches).run_seconds,
+                          graph_tokens=[[0] * len(r) for r in batches])
+    for batches in GRAPHED:
+        times = []
+        for graphed in (False, True):
+            tokens = [[sum(mb) if graphed else 0 for mb in r] for r in batches]
+            times.append(cost.phase(dp4, batches, graph_tokens=tokens).run_seconds)
+            cal.observe_phase(dp4, batches, times[-1], graph_tokens=tokens)
+        cal.observe_graph_saving(dp4, len(batches[0]), *times)
+    fit = cal.fit(start)
+    assert fit.error_after < 0.02, fit
+    # What the planner weighs is the saving per layer: measured, up to dp4's factor. The graph
+    # overhead is as good as the layer overhead's refit (at least 0).
+    saving = fit.hardware.layer_overhead_seconds - fit.graph_layer_overhead_seconds
+    assert saving == pytest.approx(1.8e-3, rel=0.05), fit
+    assert fit.hardware.layer_overhead_seconds == pytest.approx(2e-3, rel=0.15), fit
+    assert 0 <= fit.graph_layer_overhead_seconds <= 4e-4, fit
+    # Its refit from another starting graph overhead: the same (the saving decides it).
+    assert cal.fit(start, graph_layer_overhead_seconds=1e-3).graph_layer_overhead_seconds == \
+        fit.graph_layer_overhead_seconds
+
+    # No saving observed: the graph overhead stays as given, whatever the phases.
+    eager = OnlineCalibration(cfg, topology, zero=False, graphs=dict(
+        graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=2e-4))
+    for name, batches in BATCHES:
+        eager.observe_phase(hs.Layout.parse(name), batches, cost.phase(hs.Layout.parse(name), batches).run_seconds)
+    assert eager.fit(start).graph_layer_overhead_seconds == 2e-4
+    assert eager.fit(start, graph_layer_overhead_seconds=3e-4).graph_layer_overhead_seconds == 3e-4
+    # Without buckets there is none, and no saving to observe.
+    assert _calibration(truth).fit(start).graph_layer_overhead_seconds is None
+    with pytest.raises(ValueError, match="observe_graph_saving needs graph buckets"):
+        _calibration(truth).observe_graph_saving(dp4, 1, 0.2, 0.1)
+
+
+def test_a_phase_is_priced_with_the_graph_tokens_it_ran_with_and_bad_ones_are_refused():
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
+    cost = hs.CostModel(cfg, _truth(), hs.Topology(4, 4), graph_buckets=GRAPH_BUCKETS,
+                        graph_layer_overhead_seconds=4e-5)
+    plain = hs.CostModel(cfg, _truth(), hs.Topology(4, 4))
+    dp4, tp2 = hs.Layout.parse("dp4"), hs.Layout.parse("dp2tp2")
+    batches = [[[120, 7]], [[100]], [[256]], [[30, 30]]]
+    assert cost.phase(dp4, batches, graph_tokens=[[0]] * 4).run_seconds == plain.phase(dp4, batches).run_seconds
+    padded = cost.phase(dp4, batches, graph_tokens=[[128], [128], [256], [64]])
+    assert padded.graphed_micro_batches == 4
+    assert padded.run_seconds != plain.phase(dp4, batches).run_seconds
+    for tokens, match in [([[128]] * 3, "graph_tokens has 3 replicas, expected the batches' 4"),
+                          ([[128, 0], [0], [0], [0]], r"graph_tokens\[0\] has 2 entries"),
+                          ([[64], [0], [0], [0]], r"graph_tokens\[0\]\[0\] is 64, expected 0 or a graph bucket that "
+                                                  r"holds the micro-batch's 127 tokens"),
+                          ([[0], [0], [0], [100]], r"graph_tokens\[3\]\[0\] is 100")]:
+        with pytest.raises(ValueError, match=match):
+            cost.phase(dp4, batches, graph_tokens=tokens)
+    with pytest.raises(ValueError, match="dp2tp2 runs no CUDA graphs"):
+        cost.phase(tp2, [[[120]], [[64]]], graph_tokens=[[128], [0]])
+
+
 def test_without_observations_nothing_is_fitted():
     cfg = hs.TransformerConfig(**w.TINY).cost_config()
     assert OnlineCalibration(cfg, hs.Topology(4, 4), zero=False).fit(w.hardware()) is None
@@ -74,7 +155,7 @@ def test_a_layout_slower_than_the_shared_coefficients_explain_gets_its_own_facto
     assert 1.5 < fit.layout_scale["pp4"] < 2.0, fit.layout_scale
     others = [fit.layout_scale[n] for n in ("dp4", "dp2tp2", "tp2pp2")]
     assert all(0.8 < k < 1.2 for k in others), fit.layout_scale
-    measured = np.array([m for _, _, m, _ in cal.phases])
+    measured = np.array([p[2] for p in cal.phases])
     fields = online._fields(fit.hardware)
     with_factors = np.abs(cal._predict(fields, fit.layout_scale) - measured) / measured
     without = np.abs(cal._predict(fields) - measured) / measured

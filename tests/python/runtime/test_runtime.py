@@ -470,12 +470,40 @@ def test_graph_buckets_train_as_the_unpadded_runtime_across_switches():
         np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_a_start_up_probe_measures_the_graph_overhead():
+    # Graph buckets without a graph overhead: the probe runs a bucket's pack eagerly and from
+    # the graphs under dp2 (never under tp2), and its fit replaces the starting overhead (the
+    # profile's layer overhead: no saving) with a measured one that every rank plans with.
+    out = run_world(2, w.train_probing_graphs, ["dp2", "tp2"], "tp2", [32, 64], timeout=600)
+    before, after, model, observed, seconds, steps = out[0]
+    assert all(o[:4] == out[0][:4] and [s[1] for s in o[5]] == [s[1] for s in steps] for o in out), \
+        "ranks probed or planned differently"
+    assert before == w.hardware(1 << 40).layer_overhead_seconds
+    assert model == after and after != before and 0 < after, (before, after)
+    graphed = [(name, tokens) for name, tokens in observed if any(b for r in tokens for b in r)]
+    # dp2 ran one sequence of each of its buckets from the graphs (and the same as it is).
+    assert sorted(tokens[0][0] for name, tokens in graphed) == [32, 64], observed
+    assert {name for name, _ in graphed} == {"dp2"}, observed
+    for bucket in (32, 64):
+        assert ("dp2", [[0], [0]]) in observed and ("dp2", [[bucket], [bucket]]) in observed, observed
+    assert all(s > 0 for s in seconds)
+    assert all(np.isfinite(s[0]) for s in steps), steps
+
+
 def test_graph_buckets_need_their_overhead_and_good_values():
-    with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds"):
+    with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds .* or probe=True"):
         hs.RuntimeConfig(graph_buckets=[64])
+    # With the probe the overhead is measured; until then the graphs save nothing.
+    probed = hs.RuntimeConfig(graph_buckets=[64, 32], probe=True, recalibrate=True)
+    hw = w.hardware()
+    assert probed.graph_options(hw) == {"graph_buckets": [32, 64],
+                                        "graph_layer_overhead_seconds": hw.layer_overhead_seconds}
+    assert hs.RuntimeConfig(graph_buckets=[64], graph_layer_overhead_seconds=1e-4).graph_options(hw)[
+        "graph_layer_overhead_seconds"] == 1e-4
+    assert hs.RuntimeConfig().graph_options(hw) == {}
     with pytest.raises(ValueError, match="graph_buckets must be a non-empty list of distinct token counts >= 1"):
         hs.RuntimeConfig(graph_buckets=[64, 64], graph_layer_overhead_seconds=0.0)
     with pytest.raises(ValueError, match=r"graph_layer_overhead_seconds \(0.1\) needs graph_buckets"):
         hs.RuntimeConfig(graph_layer_overhead_seconds=0.1)
-    with pytest.raises(ValueError, match="got -1"):
+    with pytest.raises(ValueError, match="graph_layer_overhead_seconds must be finite seconds >= 0 .*got -1"):
         hs.RuntimeConfig(graph_buckets=[64], graph_layer_overhead_seconds=-1)

@@ -104,6 +104,26 @@ def train_probing(rank, world, candidates, zero, home):
             measured, untouched, fitted)
 
 
+def train_probing_graphs(rank, world, candidates, home, buckets):
+    """A re-calibrating run with graph buckets and no graph overhead given: the start-up
+    probe measures it. Returns (the graph overhead before the probe, after it, the cost
+    model's, per observed phase (layout, its graph tokens), the probe's time of each such
+    phase, and per step (loss, layouts, the plan's graph tokens per phase on this rank))."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
+    rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(1 << 40), max_context=MAX_CONTEXT,
+                    seed=7, recalibrate=True, probe=True, graph_buckets=buckets,
+                    optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+    before = rt.calibration.graphs["graph_layer_overhead_seconds"]  # what the calibration started from
+    observed = [(layout.name, tokens) for layout, _, _, _, tokens in rt.calibration.phases]
+    seconds = [m for _, _, m, _, _ in rt.calibration.phases]
+    after, model = rt._graph_overhead, rt.cost.graph_layer_overhead_seconds
+    steps = []
+    for i in (1, 2):
+        r = rt.train_step(batch(STEPS[i], i))
+        steps.append((r.loss, r.layouts))
+    return before, after, model, observed, seconds, steps
+
+
 def train_bf16_switching(rank, world, candidates, fixed_plan, home, tied):
     """Two bf16-compute runs of STEPS under one fixed plan from ``home``: the parameters
     switched in the compute dtype, then at full width. Per run: per step (loss, layouts,
