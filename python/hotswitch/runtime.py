@@ -1003,10 +1003,16 @@ class Runtime:
         seconds = iter(measured.tolist())
         report = {}
         for layout, mode, packs in runs:
+            eager = {}  # the time of each pack run as it is, by its lengths
             for pack, graphed in packs:
                 t = next(seconds)
                 tokens = [graphed] * layout.dp if self._graph_overhead is not None else None
                 self.calibration.observe_phase(layout, [pack] * layout.dp, t, mode, graph_tokens=tokens)
+                key = str(pack)
+                if not any(graphed):
+                    eager[key] = t
+                elif key in eager and all(b == sum(micro) for b, micro in zip(graphed, pack)):
+                    self.calibration.observe_graph_saving(layout, len(pack), eager[key], t)
                 report.setdefault(layout.name, []).append(
                     f"{len(pack)}x{pack[0]} tokens{' from the graphs' if any(graphed) else ''} {1e3 * t:.1f} ms")
             self._measured.add(layout.name)

@@ -772,6 +772,9 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
           f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
           flush=True)
+    if settings.graph_buckets is not None and settings.graph_layer_overhead_seconds is None:
+        print("graph buckets without --graph-layer-overhead: the start-up probe measures it; until then, and in "
+              "this dry run, the graphs are priced as saving nothing", flush=True)
     for step in range(args.dry_run_steps):
         batch = sampler.next_batch()
         lengths = [len(s) for s in batch]

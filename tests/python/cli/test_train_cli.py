@@ -282,7 +282,13 @@ def test_graph_buckets_reach_the_runtime_config_with_their_overhead():
     settings = cli.runtime_config(parsed, 1)
     assert settings.graph_buckets == [2048, 4096] and settings.graph_layer_overhead_seconds == 2e-4
     assert cli.runtime_config(cli.parse_args(["--lr", "1e-3"], 1), 1).graph_buckets is None
-    with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds"):
+    with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds .* or probe=True"):
         cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048"], 1), 1)
+    # Hot switching probes at start-up by default: the probe measures the graph overhead.
+    probed = cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--hot-switch", "--graph-buckets", "2048"], 1), 1)
+    assert probed.probe and probed.graph_buckets == [2048] and probed.graph_layer_overhead_seconds is None
+    with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds"):
+        cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--hot-switch", "--no-probe", "--graph-buckets", "2048"],
+                                          1), 1)
     with pytest.raises(SystemExit):
         cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2k"], 1)
