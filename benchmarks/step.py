@@ -21,6 +21,12 @@ the same packs and token ids.
 - ``--compile``: also ours with ``compile_layers=True`` (compiled in its warm-up step), in the
   same run: ``compiled_step_tokens_per_s``, ``compiled_step_mfu``, ``compiled_vs_ours`` (over
   ours eager) and ``compiled_vs_reference``.
+- ``--graphs``: also ours with ``graph_buckets=[micro-batch size]`` (every pack padded to the
+  micro-batch size, its layers run from CUDA graphs; compiled and not captured on the CPU),
+  captured in its warm-up step, in the same run: ``graphed_step_tokens_per_s`` and
+  ``graphed_step_mfu`` (of the real tokens: the padding is work the graphs add),
+  ``graphed_vs_ours``, ``graphed_vs_reference`` and ``graphed_padding`` (padding tokens over
+  real ones).
 - Reference: ``LlamaForCausalLM`` (``attn_implementation`` ``flex_attention`` on CUDA, ``sdpa``
   on the CPU), one row per pack whose ``position_ids`` restart at every document, so that
   transformers builds its packed-document mask; labels ``-100`` where a document begins (no
@@ -31,7 +37,7 @@ Figures: ``step_tokens_per_s`` (ours), ``reference_step_tokens_per_s``, ``step_v
 token plus 12 x d x heads x layers per causal query-key pair, over the device's bf16 dense
 peak; on the CPU over a one-thread fp32 512^3 product's rate), ``reference_step_mfu``.
 
-    .venv/bin/python -m benchmarks.step [--quick] [--data-dir DIR] [--budgets 4096,16384] [--compile]
+    .venv/bin/python -m benchmarks.step [--quick] [--data-dir DIR] [--budgets 4096,16384] [--compile] [--graphs]
 """
 
 import argparse
@@ -93,9 +99,10 @@ def _steps_of(spec, budget):
     return out
 
 
-def _ours(cfg, device, steps, cuda, compile_layers=False):
+def _ours(cfg, device, steps, cuda, compile_layers=False, graph_buckets=None):
     layout = hs.Layout()
-    model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=0, compile_layers=compile_layers)
+    model = hs.ParallelTransformer(cfg, layout, hs.ParallelGroups(layout), seed=0, compile_layers=compile_layers,
+                                   graph_buckets=graph_buckets)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=cuda)
     batches = [[hs.MicroBatch.from_sequences(pack) for pack in step] for step in steps]
 
@@ -106,7 +113,8 @@ def _ours(cfg, device, steps, cuda, compile_layers=False):
         optimizer.zero_grad(set_to_none=True)
         return loss / targets
 
-    return step, {"attention": model.attention_kernel, "fused": "compiled" if compile_layers else model.kernels}
+    fused = "compiled" if compile_layers else "graphed" if graph_buckets else model.kernels
+    return step, {"attention": model.attention_kernel, "fused": fused}
 
 
 def _reference(cfg, device, steps, cuda, compute):
@@ -167,6 +175,9 @@ def _rank(rank, world, spec):
                 ("reference", lambda: _reference(cfg, device, steps, cuda, compute))]
         if spec["compile"]:
             runs.append(("compiled", lambda: _ours(cfg, device, steps, cuda, compile_layers=True)))
+        if spec["graphs"]:
+            runs.append(("graphed", lambda: _ours(cfg, device, steps, cuda, graph_buckets=[budget])))
+            row["padding"] = sum(budget - sum(p) for packs in spec["packs"][budget][1:] for p in packs) / tokens
         for name, make in runs:
             step, info = make()
             first = step(0)  # warm-up: lazy set-up and compiled kernels for these shapes
@@ -196,6 +207,9 @@ def main(argv=None):
                                                         f"{','.join(map(str, BUDGETS))}; --quick: its own)")
     parser.add_argument("--compile", action="store_true",
                         help="also ours with compile_layers=True (regional torch.compile), in the same run")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also ours with every pack padded to the micro-batch size and its layers run from CUDA "
+                             "graphs, in the same run")
     args = parser.parse_args(argv)
     try:
         chosen = _ints(args.budgets, "--budgets", None)
@@ -208,7 +222,7 @@ def main(argv=None):
     steps = (QUICK_STEPS if args.quick else STEPS) + 1
     packs = {b: [draw_packs(lengths, b, MICRO_BATCHES, seed=b * 100 + s) for s in range(steps)] for b in budgets}
     spec = {"cuda": cuda, "budgets": budgets, "model": QUICK_MODEL if args.quick else MODEL, "packs": packs,
-            "compile": args.compile}
+            "compile": args.compile, "graphs": args.graphs}
     out = spawn(1, _rank, spec, timeout=1800.0, pg_timeout=1800.0, backend="nccl" if cuda else "gloo")[0]
     model = spec["model"]
     print(f"device: {out['device']} ({out['device_name']}); peak {out['peak_flops'] or float('nan'):.4g} FLOP/s "
@@ -229,18 +243,23 @@ def main(argv=None):
         print(f"{key:>12}{ours['tokens_per_s']:>12.0f}{(ours['mfu'] or float('nan')):>7.1%}{ref['tokens_per_s']:>11.0f}"
               f"{(ref['mfu'] or float('nan')):>7.1%}{ratio:>9.2f}  {ours['attention']} + {ours['fused']} steps; "
               f"{ref['attention']}")
-    if args.compile:
-        result["compiled_step_tokens_per_s"], result["compiled_step_mfu"] = {}, {}
-        result["compiled_vs_ours"], result["compiled_vs_reference"] = {}, {}
+    for variant, wanted, what in (("compiled", args.compile, "compiled layers"),
+                                  ("graphed", args.graphs, "layers from graphs")):
+        if not wanted:
+            continue
+        for field in ("step_tokens_per_s", "step_mfu", "vs_ours", "vs_reference"):
+            result[f"{variant}_{field}"] = {}
         for key, row in out["rows"].items():
-            compiled = row["compiled"]
-            result["compiled_step_tokens_per_s"][key] = compiled["tokens_per_s"]
-            result["compiled_step_mfu"][key] = compiled["mfu"]
-            result["compiled_vs_ours"][key] = compiled["tokens_per_s"] / row["ours"]["tokens_per_s"]
-            result["compiled_vs_reference"][key] = compiled["tokens_per_s"] / row["reference"]["tokens_per_s"]
-            print(f"{key:>12} compiled layers: {compiled['tokens_per_s']:.0f} tokens/s, MFU "
-                  f"{(compiled['mfu'] or float('nan')):.1%}, over ours eager {result['compiled_vs_ours'][key]:.2f}, "
-                  f"over HF {result['compiled_vs_reference'][key]:.2f}")
+            run = row[variant]
+            result[f"{variant}_step_tokens_per_s"][key] = run["tokens_per_s"]
+            result[f"{variant}_step_mfu"][key] = run["mfu"]
+            result[f"{variant}_vs_ours"][key] = run["tokens_per_s"] / row["ours"]["tokens_per_s"]
+            result[f"{variant}_vs_reference"][key] = run["tokens_per_s"] / row["reference"]["tokens_per_s"]
+            print(f"{key:>12} {what}: {run['tokens_per_s']:.0f} tokens/s, MFU {(run['mfu'] or float('nan')):.1%}, "
+                  f"over ours eager {result[f'{variant}_vs_ours'][key]:.2f}, over HF "
+                  f"{result[f'{variant}_vs_reference'][key]:.2f}")
+        if variant == "graphed":
+            result["graphed_padding"] = {key: row["padding"] for key, row in out["rows"].items()}
     result["seconds"] = time.perf_counter() - start
     print("RESULT " + json.dumps(rounded(result)))
     return 0
