@@ -14,7 +14,8 @@ their older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``).
 it, as Megatron-LM's sequence-parallel linear does: only this rank's slice stays for the
 backward, which gathers it again while computing the input gradient, and reduce-scatters
 that gradient while computing the weight gradient (each collective on NCCL's own stream, or
-gloo's thread, beside the product).
+gloo's thread, beside the product). Given the parameter the weight is (or copies), the weight
+gradient accumulates straight into its ``.grad`` (``hotswitch.model.wgrad``).
 """
 
 from datetime import timedelta
@@ -23,6 +24,8 @@ from typing import List, Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from hotswitch.model import wgrad
 
 __all__ = ["all_reduce", "all_gather_rows", "reduce_scatter_rows", "gather_from_sequence",
            "scatter_to_sequence", "gathered_linear", "exchange"]
@@ -92,21 +95,24 @@ class _GatheredLinear(torch.autograd.Function):
     bytes). Backward: the gather of the slice again, posted first and run while the input
     gradient ``g @ weight`` is computed; that gradient, cast back to ``x``'s dtype, posted to
     its reduce-scatter and run while the weight gradient ``g.T @ gathered`` is computed. The
-    same products of the same operands as ``F.linear``'s backward, so the same gradients."""
+    same products of the same operands as ``F.linear``'s backward, so the same gradients.
+    ``holder``: ``(main,)``, the parameter whose ``.grad`` the weight gradient accumulates into
+    (``wgrad.accumulate_weight_grad``; none is returned for ``weight``), or ``()``."""
 
     @staticmethod
-    def forward(ctx, x, weight, group, size, index, dtype):
+    def forward(ctx, x, weight, group, size, index, dtype, holder=()):
         ctx.x_dtype = x.dtype
         if dtype is not None:
             x = x.to(dtype)
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.size, ctx.index = group, size, index
+        ctx.main = holder[0] if holder else None
         return F.linear(all_gather_rows(x, group, size), weight)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        need_dx, need_dw = ctx.needs_input_grad[:2]
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1] or ctx.main is not None
         gathered = gather = None
         if need_dw:
             gathered, gather = all_gather_rows(x, ctx.group, ctx.size, async_op=True)
@@ -117,27 +123,32 @@ class _GatheredLinear(torch.autograd.Function):
             gather.wait()  # before the next collective is posted: one in flight at a time
         if need_dx:
             dx, scatter = reduce_scatter_rows(dx, ctx.group, ctx.size, ctx.index, async_op=True)
-        if need_dw:
+        if need_dw and ctx.main is not None:
+            wgrad.accumulate_weight_grad(ctx.main, grad, gathered)
+        elif need_dw:
             dw = grad.reshape(-1, grad.shape[-1]).t().mm(gathered.reshape(-1, gathered.shape[-1]))
         if scatter is not None:
             scatter.wait()
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
-def gathered_linear(x: torch.Tensor, weight: torch.Tensor, group, size: int, index: int) -> torch.Tensor:
+def gathered_linear(x: torch.Tensor, weight: torch.Tensor, group, size: int, index: int,
+                    main=None) -> torch.Tensor:
     """``F.linear(gather_from_sequence(x, ...), weight)``: the whole pack's rows of a
     column-parallel matrix product from this rank's sequence-parallel slice, keeping only
     the slice for the backward, whose collectives run beside its products (``_GatheredLinear``).
     Under autocast the operands are cast to its dtype as ``F.linear`` would cast them (the
     rows before the gather, so it moves the narrower dtype); the input gradient returns, and
-    is reduce-scattered, in ``x``'s dtype."""
+    is reduce-scattered, in ``x``'s dtype. ``main``: the parameter ``weight`` is or copies,
+    whose ``.grad`` the weight gradient accumulates into (``wgrad.linear``)."""
     if group is None:
-        return F.linear(x, weight)
+        return wgrad.linear(x, weight, main)
     kind, dtype = x.device.type, None
     if torch.is_autocast_enabled(kind):
         dtype = torch.get_autocast_dtype(kind)
         weight = weight.to(dtype)
-    return _GatheredLinear.apply(x, weight, group, size, index, dtype)
+    holder = (main,) if main is not None and wgrad.fusing(main) else ()
+    return _GatheredLinear.apply(x, weight, group, size, index, dtype, holder)
 
 
 def gather_from_sequence(x: torch.Tensor, group, size: int, index: int) -> torch.Tensor:

@@ -24,6 +24,7 @@ from hotswitch.model.init import init_shards
 from hotswitch.model.fused import add_norm, cross_entropy, norm, rotary_qkv, select_fused, swiglu
 from hotswitch.model.layers import Shard, rotary_tables, vocab_parallel_embedding
 from hotswitch.model.pipeline import StageFunctions, run_1f1b
+from hotswitch.model import wgrad
 
 __all__ = ["RECOMPUTE_GRANULARITIES", "LocalRegion", "ParallelTransformer", "TransformerLayer", "PackContext",
            "compute_copy"]
@@ -38,7 +39,10 @@ _LAYER_WEIGHTS = ("input_norm", "qkv", "proj", "post_norm", "gate_up", "down")
 
 def _add_grad_into(param: torch.Tensor, copy: torch.Tensor) -> None:
     """A compute-dtype copy's accumulated gradient -> its parameter's ``.grad`` (as autograd
-    accumulates: the first becomes ``.grad``, later ones add in place)."""
+    accumulates: the first becomes ``.grad``, later ones add in place). Nothing when the
+    copy's product added its gradient into ``param.grad`` itself (``hotswitch.model.wgrad``)."""
+    if copy.grad is None:
+        return
     if param.grad is None:
         # A copy even in the same dtype: a CUDA graph's output is overwritten by its next replay.
         param.grad = copy.grad.to(param.dtype, copy=True)
@@ -193,10 +197,11 @@ class _Region:
     def scatter(self, x):
         return scatter_to_sequence(x, self.group, self.size, self.index)
 
-    def linear(self, x, weight):
+    def linear(self, x, weight, main=None):
         """``F.linear(self.gather(x), weight)``, keeping only this rank's slice for the backward,
-        whose collectives run beside its products (``gathered_linear``)."""
-        return gathered_linear(x, weight, self.group, self.size, self.index)
+        whose collectives run beside its products (``gathered_linear``); ``main``: the parameter
+        whose ``.grad`` the weight gradient accumulates into."""
+        return gathered_linear(x, weight, self.group, self.size, self.index, main)
 
 
 class LocalRegion(_Region):
@@ -251,6 +256,9 @@ class TransformerLayer(nn.Module):
         self.compute_dtype = getattr(torch, config.compute_dtype or config.dtype)
         self.recompute_attention = False
         self.kernels = "torch"
+        # Weight gradients of the matrices accumulate into the parameters' .grad in the
+        # products' backward (hotswitch.model.wgrad); eager calls only.
+        self.fuse_wgrad = True
         # The matrix weights in the compute dtype for the current call (see ParallelTransformer).
         self.compute_weights: Dict[str, torch.Tensor] = {}
         # What the model calls for forward_pair: the method, or its compiled form (compile_pair).
@@ -280,6 +288,12 @@ class TransformerLayer(nn.Module):
         copy = self.compute_weights.get(part)
         return copy if copy is not None else getattr(self, part).weight
 
+    def main(self, part: str) -> Optional[torch.Tensor]:
+        """The parameter of matrix ``part`` whose ``.grad`` its weight gradient accumulates into
+        in the product's backward (``hotswitch.model.wgrad``), or None (``fuse_wgrad`` off:
+        autograd's product and accumulation)."""
+        return getattr(self, part).weight if self.fuse_wgrad else None
+
     def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
         """The layer's output ``x + attention block + MLP block`` (``forward_pair``, summed)."""
         x, delta = self.forward_pair(x, None, ctx, region)
@@ -300,7 +314,7 @@ class TransformerLayer(nn.Module):
             h = norm(x, self.weight("input_norm"), self.eps, dtype, kernels)
         else:
             x, h = add_norm(x, delta, self.weight("input_norm"), self.eps, dtype, kernels)
-        qkv = region.linear(h, self.weight("qkv"))
+        qkv = region.linear(h, self.weight("qkv"), self.main("qkv"))
         # The fused kernel rounds the fp32 tables to qkv's dtype itself, as the PyTorch path's cast does.
         cos, sin = (ctx.cos, ctx.sin) if kernels == "triton" else ctx.rotary(qkv.dtype)
         q, k, v = rotary_qkv(qkv, cos, sin, hq, hkv, kernels)
@@ -309,10 +323,10 @@ class TransformerLayer(nn.Module):
         else:
             o = ctx.attention(q, k, v)
         o = o.reshape(-1, hq * d)
-        x, h = add_norm(x, region.scatter(F.linear(o, self.weight("proj"))), self.weight("post_norm"), self.eps,
-                        dtype, kernels)
-        a = swiglu(region.linear(h, self.weight("gate_up")), kernels)
-        return x, region.scatter(F.linear(a, self.weight("down")))
+        x, h = add_norm(x, region.scatter(wgrad.linear(o, self.weight("proj"), self.main("proj"))),
+                        self.weight("post_norm"), self.eps, dtype, kernels)
+        a = swiglu(region.linear(h, self.weight("gate_up"), self.main("gate_up")), kernels)
+        return x, region.scatter(wgrad.linear(a, self.weight("down"), self.main("down")))
 
 
 class ParallelTransformer(nn.Module):

@@ -53,3 +53,20 @@ def test_graph_buckets_capture_cuda_graphs_and_train_as_the_unpadded_model(recom
     assert graphs[1][0] == graphs[0][0], graphs
     assert breaks == [], breaks
     assert not cudagraphs.get("cudagraph_skips"), cudagraphs
+
+
+@pytest.mark.parametrize("layout", ["dp1"])
+def test_weight_gradients_accumulated_in_the_products_on_cuda_equal_autograds(layout):
+    # hotswitch.model.wgrad on the device: bf16 operands, fp32 masters. Where the device takes
+    # out_dtype, each micro-batch's weight gradient accumulates in fp32 without the bf16
+    # rounding of autograd's product: within bf16's rounding of it (2e-2 of the largest).
+    from hotswitch.model import wgrad
+
+    print("widening products:", wgrad.widening_products(torch.device("cuda", torch.cuda.current_device())))
+    out = run_world(1, w.wgrad_parity, layout, "bfloat16", "none", backend="nccl", timeout=300)[0]
+    (losses, grads, fused), (ref_losses, ref_grads, unfused) = out[True], out[False]
+    assert fused > 0 and unfused == 0, (fused, unfused)
+    assert losses == ref_losses, (losses, ref_losses)
+    for name in grads:
+        scale = max(float(np.abs(ref_grads[name]).max()), 1e-6)
+        assert float(np.abs(grads[name] - ref_grads[name]).max()) <= 2e-2 * scale, name

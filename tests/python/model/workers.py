@@ -369,6 +369,41 @@ def compute_copies_parity(rank, world, layout_name, tied):
     return out
 
 
+def wgrad_parity(rank, world, layout_name, compute_dtype, recompute):
+    """Two forward and backward calls (gradients accumulating over their micro-batches and
+    across the calls) with the matrices' weight gradients accumulated in their products'
+    backward (``hotswitch.model.wgrad``) and with autograd's products and accumulation. Per
+    way: the losses, this rank's gradients (fp32) and how many weight gradients accumulated
+    in the products' backward."""
+    from hotswitch.model import wgrad
+
+    cfg = config(compute_dtype=compute_dtype)
+    layout = hs.Layout.parse(layout_name)
+    groups = hs.ParallelGroups(layout)
+    accumulate, calls = wgrad.accumulate_weight_grad, []
+
+    def counted(main, grad, inputs):
+        calls.append(tuple(main.shape))
+        accumulate(main, grad, inputs)
+
+    out = {}
+    wgrad.accumulate_weight_grad = counted
+    try:
+        for fused in (True, False):
+            calls.clear()
+            model = hs.ParallelTransformer(cfg, layout, groups, seed=5, recompute=recompute)
+            for layer in model.layers.values():
+                layer.fuse_wgrad = fused
+            losses = []
+            for step in batches()[:2]:
+                losses.append(model.forward_backward(step, 1.0 / hs.count_targets(step))[0])
+            model.finish_gradients()
+            out[fused] = (losses, _numpy(model.grad_shards()), len(calls))
+    finally:
+        wgrad.accumulate_weight_grad = accumulate
+    return out
+
+
 def gathered_linear_parity(rank, world, dtype_name, autocast, needs):
     """A column-parallel product of the sequence-parallel slices, through ``gathered_linear``
     and through the gather followed by ``F.linear``, with gradients for the leaves named in
