@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from hotswitch import _C
-from hotswitch._checks import check_token_counts
+from hotswitch._checks import check_bool, check_token_counts
 from hotswitch.logging import get_logger
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.batch import MicroBatch, to_device
@@ -378,6 +378,11 @@ class ParallelTransformer(nn.Module):
     graph's output. Under ``recompute="full"`` every pack runs unpadded. The graphed layers'
     fused steps take the PyTorch path, which inductor fuses; the rest runs ``kernels``.
 
+    ``fuse_wgrad`` (settable; default True): the weight gradients of the layers' four
+    matrices and of the loss head accumulate into their parameters' ``.grad`` in the products'
+    backward (``hotswitch.model.wgrad``) instead of autograd's product and accumulation; eager
+    calls only (compiled and graphed layers compute them as autograd does).
+
     ``recompute`` (settable between steps): activation recomputation, Megatron-LM's
     ``--recompute-granularity``. ``"none"``; ``"selective"``: each layer's attention core
     (softmax(QK^T)V) reruns in the backward pass instead of keeping its activations;
@@ -426,6 +431,7 @@ class ParallelTransformer(nn.Module):
                              f"None or 'torch', got {kernels!r}")
         self.graph_buckets = self._check_buckets(graph_buckets, config, layout)
         self.compile_layers = compile_layers
+        self._fuse_wgrad = True
         self.kernels = "torch" if compile_layers else select_fused(self.device, kernels)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
         self._expected = {self.tensor_set.specs[t].name: tuple(shape)
@@ -492,6 +498,18 @@ class ParallelTransformer(nn.Module):
         heads = self.config.num_attention_heads // self.layout.tp
         return (tokens in self.graph_buckets and self._recompute != "full" and
                 PackAttention.runs_static(self.attention_kernel, heads, tokens, self.device))
+
+    @property
+    def fuse_wgrad(self) -> bool:
+        """Whether weight gradients accumulate in the products' backward (see the class)."""
+        return self._fuse_wgrad
+
+    @fuse_wgrad.setter
+    def fuse_wgrad(self, value: bool) -> None:
+        check_bool("fuse_wgrad", value)
+        self._fuse_wgrad = value
+        for layer in self.layers.values():
+            layer.fuse_wgrad = value
 
     @property
     def recompute(self) -> str:
@@ -586,9 +604,12 @@ class ParallelTransformer(nn.Module):
             h = norm(x, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels)
         else:
             h = add_norm(x, delta, self.final_norm.weight, cfg.norm_eps, x.dtype, self.kernels)[1]
-        head = self._head_copy if self._head_copy is not None else \
-            self.embedding.weight if cfg.tied_embedding else self.head.weight
-        losses = cross_entropy(self._region.linear(h, head), ctx.targets, self.vocab_start, g.tp_group, self.kernels)
+        main = self.embedding.weight if cfg.tied_embedding else self.head.weight
+        head = self._head_copy if self._head_copy is not None else main
+        # Its weight gradient accumulates into the parameter's .grad in the product's backward
+        # (hotswitch.model.wgrad), as the layers' matrices do.
+        losses = cross_entropy(self._region.linear(h, head, main if self.fuse_wgrad else None), ctx.targets,
+                               self.vocab_start, g.tp_group, self.kernels)
         return (losses * ctx.weights).sum()
 
     def _make_compute_copies(self) -> None:

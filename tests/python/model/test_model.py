@@ -294,10 +294,11 @@ def test_weight_gradients_accumulated_in_the_products_equal_autograds(layout, co
     # one fused multiply-add instead of a product then an addition).
     world = hs.Layout.parse(layout).world
     for rank, out in enumerate(run_world(world, w.wgrad_parity, layout, compute_dtype, recompute, timeout=300)):
+        assert out["refused"] == "fuse_wgrad must be a bool, got 1", out["refused"]
         (losses, grads, fused), (ref_losses, ref_grads, unfused) = out[True], out[False]
-        # Every matrix of every layer, at every micro-batch of both calls.
+        # Every matrix of every layer and the loss head, at every micro-batch of both calls.
         micro_batches = sum(len(step) for step in w.batches()[:2])
-        assert fused == 4 * w.TINY["num_layers"] * micro_batches and unfused == 0, (fused, unfused)
+        assert fused == (4 * w.TINY["num_layers"] + 1) * micro_batches and unfused == 0, (fused, unfused)
         assert losses == ref_losses, (rank, losses, ref_losses)
         assert grads.keys() == ref_grads.keys()
         for name in grads:

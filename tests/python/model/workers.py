@@ -374,7 +374,7 @@ def wgrad_parity(rank, world, layout_name, compute_dtype, recompute):
     across the calls) with the matrices' weight gradients accumulated in their products'
     backward (``hotswitch.model.wgrad``) and with autograd's products and accumulation. Per
     way: the losses, this rank's gradients (fp32) and how many weight gradients accumulated
-    in the products' backward."""
+    in the products' backward; and the message refusing a non-bool ``fuse_wgrad``."""
     from hotswitch.model import wgrad
 
     cfg = config(compute_dtype=compute_dtype)
@@ -392,8 +392,12 @@ def wgrad_parity(rank, world, layout_name, compute_dtype, recompute):
         for fused in (True, False):
             calls.clear()
             model = hs.ParallelTransformer(cfg, layout, groups, seed=5, recompute=recompute)
-            for layer in model.layers.values():
-                layer.fuse_wgrad = fused
+            try:
+                model.fuse_wgrad = 1
+            except ValueError as e:
+                out["refused"] = str(e)
+            assert model.fuse_wgrad  # the refused value changed nothing
+            model.fuse_wgrad = fused
             losses = []
             for step in batches()[:2]:
                 losses.append(model.forward_backward(step, 1.0 / hs.count_targets(step))[0])
