@@ -181,9 +181,11 @@ class RuntimeConfig:
     """The fixed seconds per layer of a micro-batch run from the graphs, in place of the
     hardware profile's ``layer_overhead_seconds``: measured on the device
     (``hotswitch.calibration.measure_micro_batch(..., graphs=True)``), and refitted with the
-    profile under ``recalibrate``. None under ``probe``: the start-up probe measures it (each
-    data-parallel layout runs a pack of a bucket's tokens eagerly and from the graphs); until
-    then the graphs are priced as saving nothing."""
+    profile under ``recalibrate``. The start-up ``probe`` measures it: each data-parallel
+    layout runs one sequence of its smallest and of its largest bucket it holds, as it is and
+    from the graphs, and the graph overhead becomes the refitted layer overhead less the
+    measured saving per layer (replacing a given one). None, under ``probe`` only: until a
+    saving is measured the graphs are priced as saving nothing."""
 
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
@@ -241,13 +243,13 @@ class RuntimeConfig:
         elif self.graph_layer_overhead_seconds is not None:
             raise ValueError(f"graph_layer_overhead_seconds ({self.graph_layer_overhead_seconds!r}) needs graph_buckets")
 
-    def graph_options(self, hardware: "HardwareProfile") -> dict:
-        """The cost model's keyword arguments for the CUDA graph buckets (none without). Left
-        to the probe, the graph overhead starts at ``hardware``'s layer overhead: the graphs
-        save nothing until measured."""
+    def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None) -> dict:
+        """The cost model's keyword arguments for the CUDA graph buckets (none without), with
+        ``graph_layer_overhead_seconds`` when given (a measured one), else this config's; left to
+        the probe, ``hardware``'s layer overhead: the graphs save nothing until measured."""
         if self.graph_buckets is None:
             return {}
-        g = self.graph_layer_overhead_seconds
+        g = self.graph_layer_overhead_seconds if graph_layer_overhead_seconds is None else graph_layer_overhead_seconds
         return dict(graph_buckets=sorted(self.graph_buckets),
                     graph_layer_overhead_seconds=float(hardware.layer_overhead_seconds if g is None else g))
 

@@ -62,10 +62,11 @@ PROBE_PACKS = ((0.125, 1), (0.5, 4), (0.5, 1))
 _TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _ran_graphs(model, graph_tokens) -> List[int]:
-    """A micro-batch list's graph tokens as ``model`` runs them: 0 where it cannot run from
-    the graphs (``ParallelTransformer.runs_graphed``) and runs as it is."""
-    return [b if b and model.runs_graphed(b) else 0 for b in graph_tokens]
+def _ran_graphs(model, graph_tokens, recompute: Optional[str] = None) -> List[int]:
+    """A micro-batch list's graph tokens as ``model`` runs them (under ``recompute``, default
+    its own): 0 where it cannot run from the graphs (``ParallelTransformer.runs_graphed``) and
+    runs as it is."""
+    return [b if b and model.runs_graphed(b, recompute) else 0 for b in graph_tokens]
 
 
 class NonFiniteLoss(ValueError):
@@ -276,8 +277,11 @@ class Runtime:
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer factory returned {type(self.optimizer).__name__}, expected a torch.optim.Optimizer")
         self.prediction_errors: List[float] = []
+        # The calibration's graph overhead is the given one, None when unknown (left to the probe).
+        graphs = dict(self._graph_options(), graph_layer_overhead_seconds=s.graph_layer_overhead_seconds) \
+            if self._graph_overhead is not None else {}
         self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero,
-                                             graphs=self._graph_options()) if s.recalibrate else None
+                                             graphs=graphs) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._fits_applied = 0
         self._overhead_s = 0.0
@@ -300,9 +304,7 @@ class Runtime:
 
     def _graph_options(self) -> dict:
         """The cost model's CUDA graph options: the settings' buckets, the current graph overhead."""
-        if self._graph_overhead is None:
-            return {}
-        return dict(graph_buckets=sorted(self.settings.graph_buckets), graph_layer_overhead_seconds=self._graph_overhead)
+        return self.settings.graph_options(self.hardware, self._graph_overhead)
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
         """The graph buckets of ``layout``'s model: the settings' under a data-parallel layout."""
@@ -914,7 +916,7 @@ class Runtime:
     def _refit(self, when: str) -> None:
         """Fits the cost model to the observations so far; the fit is agreed on and used at the
         next ``_apply_fit``."""
-        fit = self.calibration.fit(self.hardware, self._graph_overhead)
+        fit = self.calibration.fit(self.hardware)
         if fit is None:
             return
         d = fit.hardware.to_dict()
@@ -927,7 +929,9 @@ class Runtime:
                   100 * fit.error_after, fit.phases, fit.switch_scale, fit.overhead_s,
                   {n: round(k, 3) for n, k in fit.layout_scale.items()},
                   "" if not graphed else f"; layer overhead {1e3 * fit.hardware.layer_overhead_seconds:.3f} ms, "
-                                         f"from the graphs {1e3 * graphed[0]:.3f} ms")
+                                         f"from the graphs {1e3 * graphed[0]:.3f} ms" +
+                                         ("" if fit.graph_saving_seconds is None else
+                                          f" (saving {1e3 * fit.graph_saving_seconds:.3f} ms measured)"))
 
     def _apply_fit(self) -> None:
         """Makes the last fit (rank 0's, so that every rank plans alike) the planner's model."""
@@ -978,10 +982,10 @@ class Runtime:
             self._stage = f"start-up probe: switching parameters {self.home.name} -> {layout.name}"
             params, _ = self._enter(0, layout, None, None)
             model = self._model(layout, params)
-            model.recompute = mode
-            packs = self._probe_packs(layout, mode, hold, model)
+            packs = self._probe_packs(i, layout, mode, hold, model)
             self._stage = f"start-up probe: forward and backward under {layout.name}"
-            for pack, graphed in packs:
+            for pack, graphed, pack_mode in packs:
+                model.recompute = pack_mode
                 mbs = [MicroBatch.from_sequences([torch.randint(0, vocab, (n,), generator=gen) for n in micro])
                        for micro in pack]
                 # From the graphs, the first run compiles, the second captures, and the third
@@ -996,19 +1000,19 @@ class Runtime:
             self._release(model)
             del params
             self._warm[layout.name] = self._warm.get(layout.name, 0) + 1
-            runs.append((layout, mode, packs))
+            runs.append((layout, packs))
         self._stage = "start-up probe: agreeing on the times"
         measured = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=self.control)
         seconds = iter(measured.tolist())
         report = {}
-        for layout, mode, packs in runs:
-            eager = {}  # the time of each pack run as it is, by its lengths
-            for pack, graphed in packs:
+        for layout, packs in runs:
+            eager = {}  # the time of each pack run as it is, by its lengths and mode
+            for pack, graphed, mode in packs:
                 t = next(seconds)
                 tokens = [graphed] * layout.dp if self._graph_overhead is not None else None
                 self.calibration.observe_phase(layout, [pack] * layout.dp, t, mode, graph_tokens=tokens)
-                key = str(pack)
+                key = (str(pack), mode)
                 if not any(graphed):
                     eager[key] = t
                 elif key in eager and all(b == sum(micro) for b, micro in zip(graphed, pack)):
@@ -1017,6 +1021,11 @@ class Runtime:
                     f"{len(pack)}x{pack[0]} tokens{' from the graphs' if any(graphed) else ''} {1e3 * t:.1f} ms")
             self._measured.add(layout.name)
         _log.info("start-up probe, slowest rank: %s", report)
+        if self._graph_overhead is not None and not self.calibration.graph_savings:
+            _log.warning("start-up probe: no data-parallel layout runs a graph bucket of 16 tokens or more from the "
+                         "graphs here, so the graphs' saving is unmeasured; the graph overhead stays %s",
+                         "as given" if self.settings.graph_layer_overhead_seconds is not None else
+                         "the layer overhead (the graphs save nothing)")
         self._refit(f"after the start-up probe ({len(runs)} layouts, {measured.sum().item():.3f} s)")
         self._apply_fit()
         self._probed = True
@@ -1027,23 +1036,33 @@ class Runtime:
                           best.name, self.home.name, self.max_context)
                 self.move_home(best)
 
-    def _probe_packs(self, layout, mode: str, hold: int, model) -> List[Tuple[List[List[int]], List[int]]]:
-        """The start-up probe's micro-batches under ``layout`` (``_probe``), which holds ``hold``
-        tokens per micro-batch under ``mode``, and whose ``model`` runs them: (sequence lengths
-        per micro-batch, the graph bucket each runs padded to, 0: as it is) per timed run.
-        ``PROBE_PACKS`` as the plans would run them; then, where the layout runs graphs, one
-        sequence of its smallest and of its largest bucket of at least 16 tokens that it holds
-        and runs from the graphs, each as it is and from the graphs, filling the bucket: the
-        same work, with and without the launches."""
+    def _probe_packs(self, index: int, layout, mode: str, hold: int, model) -> List[Tuple[List[List[int]], List[int], str]]:
+        """The start-up probe's micro-batches under candidate ``index`` (``layout``), which holds
+        ``hold`` tokens per micro-batch under ``mode``, and whose ``model`` runs them: (sequence
+        lengths per micro-batch, the graph bucket each runs padded to, 0: as it is, the
+        recomputation) per timed run. ``PROBE_PACKS`` as the plans would run them, under
+        ``mode``; then, where the layout runs graphs, one sequence of its smallest and of its
+        largest bucket of at least 16 tokens that it holds and runs from the graphs, each as it
+        is and from the graphs, filling the bucket (the same work, with and without the
+        launches), under the first allowed recomputation that runs graphs and holds the bucket."""
         per = 2 * layout.pp if layout.pp > 1 else 1
         out = []
         for f, cut in PROBE_PACKS:
             pack = [[int(hold * f) // cut] * cut for _ in range(per)]
-            out.append((pack, _ran_graphs(model, [self.cost.graph_tokens(layout, micro, mode) for micro in pack])))
-        if self._graph_overhead is not None and self.cost.terms(layout, mode).graphs:
-            held = [b for b in sorted(self.settings.graph_buckets) if 16 <= b <= hold and model.runs_graphed(b)]
-            for bucket in sorted({held[0], held[-1]}) if held else []:
-                out += [([[bucket]], [0]), ([[bucket]], [bucket])]
+            out.append((pack, _ran_graphs(model, [self.cost.graph_tokens(layout, micro, mode) for micro in pack], mode),
+                        mode))
+        if self._graph_overhead is None:
+            return out
+        held = {}  # bucket -> the recomputation it runs under
+        for m in self.recompute_modes:
+            if not self.cost.terms(layout, m).graphs:
+                continue
+            room = min(self.planner.candidate_model(index, m).budget, self.max_context)
+            for b in self.settings.graph_buckets:
+                if 16 <= b <= room and b not in held and model.runs_graphed(b, m):
+                    held[b] = m
+        for bucket in sorted({min(held), max(held)}) if held else []:
+            out += [([[bucket]], [0], held[bucket]), ([[bucket]], [bucket], held[bucket])]
         return out
 
     def _grads_home(self, model, layout, ph):

@@ -76,9 +76,11 @@ class Fit:
     phases: int                  # observations used
     layout_scale: Dict[str, float] = dataclasses.field(default_factory=dict)  # per observed layout
     # Under graph buckets: the seconds per layer of a micro-batch run from the graphs, the
-    # refitted layer overhead less the measured saving (the one given without a saving
-    # observed); None without buckets.
+    # refitted layer overhead less the measured saving per layer (graph_saving_seconds, None
+    # until a pair was observed: then the given overhead, or without one the layer overhead);
+    # None without buckets.
     graph_layer_overhead_seconds: Optional[float] = None
+    graph_saving_seconds: Optional[float] = None
 
 
 def _fields(hw) -> dict:
@@ -108,9 +110,11 @@ class OnlineCalibration:
     """Observations of recent steps and the refit of the cost model from them.
 
     ``window``: phases (and switches) kept; ``ridge``: weight of the pull towards the current
-    coefficients, relative to each term's weight in the data (``RIDGE_FLOOR``). ``graphs``: the cost model's CUDA graph
-    options (``graph_buckets``, ``graph_layer_overhead_seconds``) the phases ran under; a phase
-    observed with its ``graph_tokens`` is priced padded and graphed as it ran."""
+    coefficients, relative to each term's weight in the data (``RIDGE_FLOOR``). ``graphs``: the
+    cost model's CUDA graph options the phases ran under: ``graph_buckets``, and
+    ``graph_layer_overhead_seconds``, None when unknown (the graphs then save nothing until a
+    saving is observed); a phase observed with its ``graph_tokens`` is priced padded and graphed
+    as it ran."""
 
     def __init__(self, model_config, topology, zero: bool, window: int = 64, ridge: float = 1e-3,
                  graphs: Optional[dict] = None):
@@ -122,9 +126,6 @@ class OnlineCalibration:
         self.phases: Deque[Tuple["_C.Layout", List[List[List[int]]], float, str, Optional[List[List[int]]]]] = \
             collections.deque(maxlen=window)
         self.graph_savings: Deque[Tuple[str, float]] = collections.deque(maxlen=window)  # (layout, s per micro-batch)
-        # During a fit: the graph overhead kept without a saving, and the saving per layer.
-        self._given_graph_overhead = self.graphs.get("graph_layer_overhead_seconds")
-        self._saving: Optional[float] = None
         self.switches: Deque[Tuple[float, float]] = collections.deque(maxlen=window)
         self.overheads: Deque[float] = collections.deque(maxlen=window)
 
@@ -134,10 +135,29 @@ class OnlineCalibration:
         ``recompute``: the activation recomputation the phase ran with; ``graph_tokens[replica][k]``:
         the graph bucket micro-batch k ran padded to, 0 where it ran as it is (a plan phase's
         ``graph_tokens``; None: the cost model's choice)."""
+        tokens = None if graph_tokens is None else self._checked_graph_tokens(layout, batches, recompute, graph_tokens)
         if measured_s > 0:
-            tokens = None if graph_tokens is None else [[int(b) for b in r] for r in graph_tokens]
             self.phases.append((layout, [[list(mb) for mb in r] for r in batches], float(measured_s), recompute,
                                 tokens))
+
+    def _checked_graph_tokens(self, layout, batches, recompute: str, graph_tokens) -> List[List[int]]:
+        """``graph_tokens`` as lists of ints, or ``ValueError`` (nothing observed) when they are not
+        one entry per micro-batch, each 0 or a graph bucket holding it under a layout that runs
+        graphs (tp, pp and cp 1, no full recomputation)."""
+        buckets = self.graphs.get("graph_buckets", [])
+        shape = [len(r) for r in batches]
+        if not isinstance(graph_tokens, (list, tuple)) or [len(r) for r in graph_tokens] != shape:
+            raise ValueError(f"graph_tokens must hold one entry per micro-batch of each replica {shape}, got "
+                             f"{graph_tokens!r}")
+        graphs = (layout.tp, layout.pp, layout.cp) == (1, 1, 1) and recompute != "full"
+        for r, (replica, row) in enumerate(zip(batches, graph_tokens)):
+            for k, (micro, b) in enumerate(zip(replica, row)):
+                if isinstance(b, bool) or not isinstance(b, int) or (
+                        b != 0 and (not graphs or b not in buckets or b < sum(micro))):
+                    raise ValueError(f"graph_tokens[{r}][{k}] must be 0 or one of the graph buckets {list(buckets)} "
+                                     f"holding the micro-batch's {sum(micro)} tokens under a layout that runs graphs "
+                                     f"({layout}, recompute {recompute!r}), got {b!r}")
+        return [[int(b) for b in row] for row in graph_tokens]
 
     def observe_graph_saving(self, layout, micro_batches: int, eager_s: float, graphed_s: float) -> None:
         """The same ``micro_batches`` micro-batches per replica under ``layout``, each filling a
@@ -167,14 +187,16 @@ class OnlineCalibration:
         measured = np.array([m for _, m in self.switches])
         return float(np.clip(planned @ measured / (planned @ planned), 0.05, 50.0))
 
-    def _graph_overhead(self, fields: dict) -> Optional[float]:
-        """The graph overhead under ``fields``: their layer overhead less the measured saving
-        per layer (at least 0), or the given one without a saving observed; None without buckets."""
+    def _graph_overhead(self, fields: dict, saving: Optional[float]) -> Optional[float]:
+        """The graph overhead under ``fields`` (None without buckets): their layer overhead less
+        ``saving`` per layer (at least 0) once one is measured; else the given overhead, or
+        without one their layer overhead (the graphs save nothing until measured)."""
         if not self.graphs:
             return None
-        if self._saving is None:
-            return self._given_graph_overhead
-        return max(0.0, fields["layer_overhead_seconds"] - self._saving)
+        if saving is not None:
+            return max(0.0, fields["layer_overhead_seconds"] - saving)
+        given = self.graphs.get("graph_layer_overhead_seconds")
+        return fields["layer_overhead_seconds"] if given is None else float(given)
 
     def _layer_saving(self, layout_scale: Dict[str, float]) -> Optional[float]:
         """The median saving per layer of the observed pairs, in the cost model's seconds
@@ -184,10 +206,12 @@ class OnlineCalibration:
         layers = self.model_config.num_layers
         return float(np.median([s / (layers * layout_scale.get(n, 1.0)) for n, s in self.graph_savings]))
 
-    def _predict(self, fields: dict, layout_scale=None) -> np.ndarray:
+    def _predict(self, fields: dict, layout_scale=None, saving: Optional[float] = None) -> np.ndarray:
+        """Each observed phase's time under ``fields``, ``layout_scale`` and the graphs'
+        ``saving`` per layer (``_graph_overhead``)."""
         graphs = dict(self.graphs)
         if graphs:
-            graphs["graph_layer_overhead_seconds"] = self._graph_overhead(fields)
+            graphs["graph_layer_overhead_seconds"] = self._graph_overhead(fields, saving)
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
                             layout_scale=layout_scale or {}, **graphs)
         out = []
@@ -195,10 +219,8 @@ class OnlineCalibration:
             out.append(cost.phase(layout, batches, recompute=recompute, graph_tokens=tokens).run_seconds)
         return np.array(out)
 
-    def fit(self, hardware, graph_layer_overhead_seconds: Optional[float] = None) -> Optional[Fit]:
+    def fit(self, hardware) -> Optional[Fit]:
         """The refitted profile, or None without observations. Deterministic in its inputs.
-        ``graph_layer_overhead_seconds``: under graph buckets, the graph overhead kept while no
-        saving has been observed (default: the one given with ``graphs``).
 
         The shared coefficients and the layout factors are fitted in turn, three rounds: the
         coefficients to the times divided by the factors, the factors to what the coefficients
@@ -206,38 +228,37 @@ class OnlineCalibration:
         if not self.phases:
             return None
         measured = np.array([p[2] for p in self.phases])
-        self._given_graph_overhead = self.graphs.get("graph_layer_overhead_seconds") \
-            if graph_layer_overhead_seconds is None else float(graph_layer_overhead_seconds)
-        self._saving = None
         base = _fields(hardware)
         for name, value in _PROBE.items():
             if base[name] == 0:
                 base[name] = value
-        predicted = self._predict(base)  # under the given graph overhead
+        predicted = self._predict(base)  # before any saving is taken into account
         layout_scale: Dict[str, float] = {}
         # The graph overhead follows the layer overhead being fitted, less the saving.
-        self._saving = self._layer_saving(layout_scale)
+        saving = self._layer_saving(layout_scale)
         for _ in range(3):
-            fields = self._fit_shared(base, measured, layout_scale)
+            fields = self._fit_shared(base, measured, layout_scale, saving)
             if fields is None:
                 return None
-            layout_scale = self._layout_scale(self._predict(fields), measured)
-            self._saving = self._layer_saving(layout_scale)
+            layout_scale = self._layout_scale(self._predict(fields, saving=saving), measured)
+            saving = self._layer_saving(layout_scale)
         profile = _profile(fields)
-        after = self._predict(fields, layout_scale)
+        after = self._predict(fields, layout_scale, saving)
         return Fit(hardware=profile, switch_scale=self.switch_scale, overhead_s=self.overhead_s,
                    error_before=float(np.median(np.abs(predicted - measured) / measured)),
                    error_after=float(np.median(np.abs(after - measured) / measured)),
                    phases=len(measured), layout_scale=layout_scale,
-                   graph_layer_overhead_seconds=self._graph_overhead(fields))
+                   graph_layer_overhead_seconds=self._graph_overhead(fields, saving), graph_saving_seconds=saving)
 
-    def _fit_shared(self, base: dict, measured: np.ndarray, layout_scale: Dict[str, float]) -> Optional[dict]:
-        """The profile's fields refitted to ``measured`` under ``layout_scale``, by regularised
-        least squares towards ``base``; None when they make no valid profile."""
-        predicted = self._predict(base, layout_scale)
+    def _fit_shared(self, base: dict, measured: np.ndarray, layout_scale: Dict[str, float],
+                    saving: Optional[float] = None) -> Optional[dict]:
+        """The profile's fields refitted to ``measured`` under ``layout_scale`` and the graphs'
+        ``saving``, by regularised least squares towards ``base``; None when they make no valid
+        profile."""
+        predicted = self._predict(base, layout_scale, saving)
         # Contribution of each term at the current coefficients: with time ~ sum_i c_i * x_i
         # (x_i the contribution, c_i its scale), doubling term i adds x_i.
-        columns = [self._predict(_scaled(base, i, 2.0), layout_scale) - predicted for i in range(len(_TERMS))]
+        columns = [self._predict(_scaled(base, i, 2.0), layout_scale, saving) - predicted for i in range(len(_TERMS))]
         x = np.stack(columns, axis=1)
         rest = predicted - x.sum(axis=1)  # what no term explains (0 for a linear model)
         active = [i for i in range(x.shape[1]) if np.any(np.abs(x[:, i]) > 1e-12)]

@@ -290,9 +290,11 @@ class TransformerLayer(nn.Module):
 
     def main(self, part: str) -> Optional[torch.Tensor]:
         """The parameter of matrix ``part`` whose ``.grad`` its weight gradient accumulates into
-        in the product's backward (``hotswitch.model.wgrad``), or None (``fuse_wgrad`` off:
-        autograd's product and accumulation)."""
-        return getattr(self, part).weight if self.fuse_wgrad else None
+        in the product's backward (``hotswitch.model.wgrad``), or None (``fuse_wgrad`` off, or
+        compiling: autograd's product and accumulation)."""
+        if torch.compiler.is_compiling() or not self.fuse_wgrad:
+            return None
+        return getattr(self, part).weight
 
     def forward(self, x: torch.Tensor, ctx: PackContext, region: _Region) -> torch.Tensor:
         """The layer's output ``x + attention block + MLP block`` (``forward_pair``, summed)."""
@@ -379,9 +381,11 @@ class ParallelTransformer(nn.Module):
     fused steps take the PyTorch path, which inductor fuses; the rest runs ``kernels``.
 
     ``fuse_wgrad`` (settable; default True): the weight gradients of the layers' four
-    matrices and of the loss head accumulate into their parameters' ``.grad`` in the products'
-    backward (``hotswitch.model.wgrad``) instead of autograd's product and accumulation; eager
-    calls only (compiled and graphed layers compute them as autograd does).
+    matrices and of the loss head (not a tied head on the embedding's stage) accumulate into
+    their parameters' ``.grad`` in the products' backward (``hotswitch.model.wgrad``) instead
+    of autograd's product and accumulation; eager calls only (compiled and graphed layers
+    compute them as autograd does). Gradient hooks a caller registers on those parameters
+    (``register_hook``, ``register_post_accumulate_grad_hook``) then do not fire for them.
 
     ``recompute`` (settable between steps): activation recomputation, Megatron-LM's
     ``--recompute-granularity``. ``"none"``; ``"selective"``: each layer's attention core
@@ -491,12 +495,13 @@ class ParallelTransformer(nn.Module):
         holds its tokens, or 0 (no bucket holds it, or no graph buckets: it runs as it is)."""
         return [next((b for b in self.graph_buckets if b >= mb.num_tokens), 0) for mb in micro_batches]
 
-    def runs_graphed(self, tokens: int) -> bool:
+    def runs_graphed(self, tokens: int, recompute: Optional[str] = None) -> bool:
         """Whether a micro-batch given the graph bucket ``tokens`` runs from the graphs: a
-        bucket of this model, not under full recomputation, and its attention static at that
-        size (``PackAttention.runs_static``); else it runs as it is."""
+        bucket of this model, not under full recomputation (``recompute``, default the model's),
+        and its attention static at that size (``PackAttention.runs_static``); else it runs as
+        it is."""
         heads = self.config.num_attention_heads // self.layout.tp
-        return (tokens in self.graph_buckets and self._recompute != "full" and
+        return (tokens in self.graph_buckets and (recompute or self._recompute) != "full" and
                 PackAttention.runs_static(self.attention_kernel, heads, tokens, self.device))
 
     @property
@@ -607,8 +612,11 @@ class ParallelTransformer(nn.Module):
         main = self.embedding.weight if cfg.tied_embedding else self.head.weight
         head = self._head_copy if self._head_copy is not None else main
         # Its weight gradient accumulates into the parameter's .grad in the product's backward
-        # (hotswitch.model.wgrad), as the layers' matrices do.
-        losses = cross_entropy(self._region.linear(h, head, main if self.fuse_wgrad else None), ctx.targets,
+        # (hotswitch.model.wgrad), as the layers' matrices do; but a tied head on the
+        # embedding's own stage leaves it to autograd, which sums it with the lookup's before
+        # accumulating (the same sums, bit for bit, as without fusion).
+        fuse = self.fuse_wgrad and not (cfg.tied_embedding and g.is_first_stage)
+        losses = cross_entropy(self._region.linear(h, head, main if fuse else None), ctx.targets,
                                self.vocab_start, g.tp_group, self.kernels)
         return (losses * ctx.weights).sum()
 

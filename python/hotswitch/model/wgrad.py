@@ -23,16 +23,18 @@ __all__ = ["accumulate_weight_grad", "fusing", "linear", "widening_products"]
 
 
 @functools.lru_cache(maxsize=None)
-def widening_products(device: torch.device) -> bool:
-    """Whether ``torch.mm`` and ``torch.addmm`` take ``out_dtype`` on ``device`` (bf16
-    operands, an fp32 result): tried once per device on 2 x 2 operands."""
+def widening_products(device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                      out_dtype: torch.dtype = torch.float32) -> bool:
+    """Whether ``torch.mm`` and ``torch.addmm`` take ``out_dtype`` on ``device`` for
+    ``dtype`` operands, accumulating into an ``out_dtype`` tensor in place: tried once per
+    device and dtypes on 2 x 2 operands (CUDA only)."""
     if device.type != "cuda":
         return False
     try:
-        a = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
-        c = torch.mm(a, a, out_dtype=torch.float32)
-        torch.addmm(c, a, a, out_dtype=torch.float32, out=c)
-        return c.dtype == torch.float32 and bool((c == 4).all())
+        a = torch.ones(2, 2, dtype=dtype, device=device)
+        c = torch.mm(a, a, out_dtype=out_dtype)
+        torch.addmm(c, a, a, out_dtype=out_dtype, out=c)
+        return c.dtype == out_dtype and bool((c == 4).all())
     except (RuntimeError, TypeError, NotImplementedError):
         return False
 
@@ -47,7 +49,7 @@ def accumulate_weight_grad(main: torch.Tensor, grad: torch.Tensor, inputs: torch
             main.grad = g.mm(x)
         else:
             main.grad.addmm_(g, x)
-    elif widening_products(main.device):
+    elif widening_products(main.device, g.dtype, main.dtype):
         if main.grad is None:
             main.grad = torch.mm(g, x, out_dtype=main.dtype)
         else:
@@ -93,4 +95,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, main=None) -> torch.Tensor:
 def fusing(main: torch.Tensor) -> bool:
     """Whether a product with ``main``'s weight accumulates its gradient here: eager, with
     gradients recorded, for a parameter that needs one."""
-    return main.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    return not torch.compiler.is_compiling() and torch.is_grad_enabled() and main.requires_grad

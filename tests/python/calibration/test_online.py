@@ -58,55 +58,86 @@ GRAPHED = [[[[64]]] * 4, [[[30, 34]]] * 4, [[[120, 8]]] * 4, [[[100, 28], [64]]]
            [[[16, 16, 16, 16]]] * 4, [[[200, 56]]] * 4]
 
 
-def test_graph_savings_and_graphed_phases_fit_the_graph_overhead():
-    # The truth: 2 ms per layer eagerly, 0.2 ms from the graphs. The calibration starts from a
-    # graph overhead that saves nothing (the runtime's start before its probe); pairs of the
-    # same micro-batch as it is and from the graphs measure the saving, and the graph overhead
-    # is the refitted layer overhead less it.
-    fields = _truth().to_dict()
-    fields["layer_overhead_seconds"] = 2e-3
-    truth = hs.HardwareProfile.from_dict(fields)
-    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
-    topology = hs.Topology(4, 4)
-    cost = hs.CostModel(cfg, truth, topology, graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=2e-4)
-    start = w.hardware()
-    cal = OnlineCalibration(cfg, topology, zero=False, graphs=dict(
-        graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=start.layer_overhead_seconds))
+def _graph_calibration(cost, given, pairs=True):
+    """A calibration with graph buckets and the overhead ``given`` (None: unknown) that observed
+    BATCHES eagerly and, with ``pairs``, each of GRAPHED as it is and from the graphs (the
+    runtime's start-up probe), priced by ``cost``."""
+    cal = OnlineCalibration(cost.model, cost.topology, zero=False, graphs=dict(
+        graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=given))
     dp4 = hs.Layout.parse("dp4")
     for name, batches in BATCHES:
         layout = hs.Layout.parse(name)
         cal.observe_phase(layout, batches, cost.phase(layout, batches).run_seconds,
                           graph_tokens=[[0] * len(r) for r in batches])
-    for batches in GRAPHED:
+    for batches in GRAPHED if pairs else []:
         times = []
         for graphed in (False, True):
             tokens = [[sum(mb) if graphed else 0 for mb in r] for r in batches]
             times.append(cost.phase(dp4, batches, graph_tokens=tokens).run_seconds)
             cal.observe_phase(dp4, batches, times[-1], graph_tokens=tokens)
         cal.observe_graph_saving(dp4, len(batches[0]), *times)
-    fit = cal.fit(start)
+    return cal
+
+
+def test_graph_savings_and_graphed_phases_fit_the_graph_overhead():
+    # The truth: 2 ms per layer eagerly, 0.2 ms from the graphs. The calibration starts without
+    # a graph overhead (the runtime's start before its probe); pairs of the same micro-batch as
+    # it is and from the graphs measure the saving, and the graph overhead is the refitted layer
+    # overhead less it.
+    fields = _truth().to_dict()
+    fields["layer_overhead_seconds"] = 2e-3
+    truth = hs.HardwareProfile.from_dict(fields)
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
+    cost = hs.CostModel(cfg, truth, hs.Topology(4, 4), graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=2e-4)
+    start = w.hardware()
+    fit = _graph_calibration(cost, None).fit(start)
     assert fit.error_after < 0.02, fit
     # What the planner weighs is the saving per layer: measured, up to dp4's factor. The graph
     # overhead is as good as the layer overhead's refit (at least 0).
     saving = fit.hardware.layer_overhead_seconds - fit.graph_layer_overhead_seconds
+    assert fit.graph_saving_seconds == pytest.approx(1.8e-3, rel=0.05), fit
     assert saving == pytest.approx(1.8e-3, rel=0.05), fit
     assert fit.hardware.layer_overhead_seconds == pytest.approx(2e-3, rel=0.15), fit
     assert 0 <= fit.graph_layer_overhead_seconds <= 4e-4, fit
-    # Its refit from another starting graph overhead: the same (the saving decides it).
-    assert cal.fit(start, graph_layer_overhead_seconds=1e-3).graph_layer_overhead_seconds == \
-        fit.graph_layer_overhead_seconds
+    # A given overhead is replaced by the measured saving: the same fit (only the error before
+    # it, priced with the given overhead, differs).
+    again = _graph_calibration(cost, 1e-3).fit(start)
+    assert (again.hardware, again.graph_layer_overhead_seconds, again.layout_scale) == \
+        (fit.hardware, fit.graph_layer_overhead_seconds, fit.layout_scale)
 
-    # No saving observed: the graph overhead stays as given, whatever the phases.
-    eager = OnlineCalibration(cfg, topology, zero=False, graphs=dict(
-        graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=2e-4))
-    for name, batches in BATCHES:
-        eager.observe_phase(hs.Layout.parse(name), batches, cost.phase(hs.Layout.parse(name), batches).run_seconds)
-    assert eager.fit(start).graph_layer_overhead_seconds == 2e-4
-    assert eager.fit(start, graph_layer_overhead_seconds=3e-4).graph_layer_overhead_seconds == 3e-4
+    # No saving observed: a given overhead stays, whatever the phases; an unknown one follows
+    # the refitted layer overhead (the graphs save nothing).
+    given = _graph_calibration(cost, 2e-4, pairs=False).fit(start)
+    assert given.graph_layer_overhead_seconds == 2e-4 and given.graph_saving_seconds is None
+    unknown = _graph_calibration(cost, None, pairs=False).fit(start)
+    assert unknown.graph_layer_overhead_seconds == unknown.hardware.layer_overhead_seconds != \
+        start.layer_overhead_seconds, unknown
     # Without buckets there is none, and no saving to observe.
     assert _calibration(truth).fit(start).graph_layer_overhead_seconds is None
     with pytest.raises(ValueError, match="observe_graph_saving needs graph buckets"):
-        _calibration(truth).observe_graph_saving(dp4, 1, 0.2, 0.1)
+        _calibration(truth).observe_graph_saving(hs.Layout.parse("dp4"), 1, 0.2, 0.1)
+
+
+def test_bad_graph_tokens_are_refused_and_observe_nothing():
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
+    cal = OnlineCalibration(cfg, hs.Topology(4, 4), zero=False,
+                            graphs=dict(graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=None))
+    dp4, tp2 = hs.Layout.parse("dp4"), hs.Layout.parse("dp2tp2")
+    batches = [[[120, 7]], [[100]], [[256]], [[30, 30]]]
+    for layout, tokens, recompute, match in [
+            (dp4, [[128]] * 3, "none", r"one entry per micro-batch of each replica \[1, 1, 1, 1\]"),
+            (dp4, [[128, 0], [0], [0], [0]], "none", "one entry per micro-batch"),
+            (dp4, [[64], [0], [0], [0]], "none", r"graph_tokens\[0\]\[0\] must be 0 or one of the graph buckets "
+                                                 r"\[64, 128, 256\] holding the micro-batch's 127 tokens"),
+            (dp4, [[0], [0], [0], [100]], "none", r"graph_tokens\[3\]\[0\] .* got 100"),
+            (dp4, [[0], [0], [0], [64.0]], "none", r"got 64.0"),
+            (dp4, [[128], [0], [0], [0]], "full", "recompute 'full'"),
+            (tp2, [[128], [0]], "none", "dp2tp2")]:
+        with pytest.raises(ValueError, match=match):
+            cal.observe_phase(layout, batches if layout is dp4 else batches[:2], 0.1, recompute, graph_tokens=tokens)
+    assert not cal.phases
+    cal.observe_phase(dp4, batches, 0.1, graph_tokens=[[128], [128], [256], [64]])
+    assert len(cal.phases) == 1
 
 
 def test_a_phase_is_priced_with_the_graph_tokens_it_ran_with_and_bad_ones_are_refused():

@@ -283,22 +283,27 @@ def test_gathered_linear_equals_the_gather_then_linear_keeping_only_the_slice_an
             assert 12 in composed["kept_rows"], composed["kept_rows"]
 
 
-@pytest.mark.parametrize("layout,compute_dtype,recompute", [("dp1", None, "none"), ("tp2", None, "full"),
-                                                             ("dp1", "bfloat16", "selective"),
-                                                             ("tp2", "bfloat16", "none")])
-def test_weight_gradients_accumulated_in_the_products_equal_autograds(layout, compute_dtype, recompute):
-    # hotswitch.model.wgrad: the four matrices' weight gradients added into .grad in their
-    # products' backward (addmm_ in fp32; on the CPU the bf16 product, then its addition)
-    # against autograd's product and accumulation (through the copy's hook under bf16), over
-    # two calls of several micro-batches. Same losses; gradients within 1e-6 relative (fp32:
-    # one fused multiply-add instead of a product then an addition).
+@pytest.mark.parametrize("layout,compute_dtype,recompute,tied", [
+    ("dp1", None, "none", False), ("tp2", None, "full", False), ("dp1", "bfloat16", "selective", False),
+    ("tp2", "bfloat16", "none", False), ("dp1", None, "none", True), ("pp2", "bfloat16", "none", True)])
+def test_weight_gradients_accumulated_in_the_products_equal_autograds(layout, compute_dtype, recompute, tied):
+    # hotswitch.model.wgrad: the four matrices' and the loss head's weight gradients added into
+    # .grad in their products' backward (addmm_ in fp32; on the CPU the bf16 product, then its
+    # addition) against autograd's product and accumulation (through the copy's hook under
+    # bf16), over two calls of several micro-batches; a tied head on the last of two stages
+    # too, and not on the embedding's own stage. Same losses; gradients within 1e-6 relative
+    # (fp32: one fused multiply-add instead of a product then an addition).
     world = hs.Layout.parse(layout).world
-    for rank, out in enumerate(run_world(world, w.wgrad_parity, layout, compute_dtype, recompute, timeout=300)):
+    for rank, out in enumerate(run_world(world, w.wgrad_parity, layout, compute_dtype, recompute, tied,
+                                         timeout=300)):
         assert out["refused"] == "fuse_wgrad must be a bool, got 1", out["refused"]
         (losses, grads, fused), (ref_losses, ref_grads, unfused) = out[True], out[False]
-        # Every matrix of every layer and the loss head, at every micro-batch of both calls.
+        # Every matrix of this rank's layers and its loss head, at every micro-batch of both calls.
         micro_batches = sum(len(step) for step in w.batches()[:2])
-        assert fused == (4 * w.TINY["num_layers"] + 1) * micro_batches and unfused == 0, (fused, unfused)
+        assert fused == (4 * out["layers"] + out["head"]) * micro_batches and unfused == 0, (fused, unfused)
+        assert out["layers"] == w.TINY["num_layers"] // hs.Layout.parse(layout).pp
+        # The head is fused on the last stage, unless its tied embedding is on the same stage.
+        assert out["head"] == {"dp1": not tied, "tp2": not tied, "pp2": rank == 1}[layout], (rank, out["head"])
         assert losses == ref_losses, (rank, losses, ref_losses)
         assert grads.keys() == ref_grads.keys()
         for name in grads:
@@ -356,7 +361,8 @@ def test_kept_weight_copies_equal_autocast_casting_every_micro_batch(layout, tie
             np.testing.assert_array_equal(grads[name], ref_grads[name], err_msg=f"rank {rank} {name}")
 
 
-def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_weights():
+@pytest.mark.parametrize("fuse_wgrad", [True, False])
+def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_weights(fuse_wgrad):
     # TransformerLayer.use_compute_copies (benchmarks.gpu's layers): bf16 copies of the four
     # matrices, their gradients added into the fp32 .grad; bit for bit autocast's casts, over
     # two micro-batches that accumulate.
@@ -383,6 +389,7 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
 
     for copies in (False, True):
         layer = TransformerLayer(cfg, 1, {k: v.clone() for k, v in shards.items()}, "layers.0.")
+        layer.fuse_wgrad = fuse_wgrad
         if copies:
             transformer._add_grad_into = counted
             try:
@@ -400,9 +407,10 @@ def test_a_layer_run_by_itself_with_compute_copies_equals_autocast_casting_its_w
             outs.append(y.detach())
         runs[copies] = outs, {n: p.grad.clone() for n, p in layer.named_parameters()}
     (outs, grads), (ref_outs, ref_grads) = runs[True], runs[False]
-    # The products added every weight gradient into the parameters themselves
-    # (hotswitch.model.wgrad): no copy kept one for the hook to add.
-    assert added == [], added
+    # Fused, the products added every weight gradient into the parameters themselves
+    # (hotswitch.model.wgrad): no copy kept one for the hook to add. Else every copy's gradient
+    # reached its parameter through the hook, at both micro-batches.
+    assert len(added) == (0 if fuse_wgrad else 2 * 4), added
     for a, b in zip(outs, ref_outs):
         assert torch.equal(a, b)
     assert grads.keys() == ref_grads.keys() and all(g.dtype == torch.float32 for g in grads.values())

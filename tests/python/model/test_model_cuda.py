@@ -60,9 +60,13 @@ def test_weight_gradients_accumulated_in_the_products_on_cuda_equal_autograds(la
     # hotswitch.model.wgrad on the device: bf16 operands, fp32 masters. Where the device takes
     # out_dtype, each micro-batch's weight gradient accumulates in fp32 without the bf16
     # rounding of autograd's product: within bf16's rounding of it (2e-2 of the largest).
+    import warnings
+
     from hotswitch.model import wgrad
 
-    print("widening products:", wgrad.widening_products(torch.device("cuda", torch.cuda.current_device())))
+    if not wgrad.widening_products(torch.device("cuda", torch.cuda.current_device())):
+        warnings.warn(f"torch {torch.__version__} has no widening addmm (out_dtype) here: weight gradients "
+                      f"accumulate as a bf16 product, then its addition")
     out = run_world(1, w.wgrad_parity, layout, "bfloat16", "none", backend="nccl", timeout=300)[0]
     (losses, grads, fused), (ref_losses, ref_grads, unfused) = out[True], out[False]
     assert fused > 0 and unfused == 0, (fused, unfused)

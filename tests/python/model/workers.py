@@ -369,15 +369,17 @@ def compute_copies_parity(rank, world, layout_name, tied):
     return out
 
 
-def wgrad_parity(rank, world, layout_name, compute_dtype, recompute):
+def wgrad_parity(rank, world, layout_name, compute_dtype, recompute, tied=False):
     """Two forward and backward calls (gradients accumulating over their micro-batches and
     across the calls) with the matrices' weight gradients accumulated in their products'
     backward (``hotswitch.model.wgrad``) and with autograd's products and accumulation. Per
     way: the losses, this rank's gradients (fp32) and how many weight gradients accumulated
-    in the products' backward; and the message refusing a non-bool ``fuse_wgrad``."""
+    in the products' backward; the message refusing a non-bool ``fuse_wgrad``; this rank's
+    layers and whether its loss head's gradient is fused (a last stage not holding a tied
+    embedding)."""
     from hotswitch.model import wgrad
 
-    cfg = config(compute_dtype=compute_dtype)
+    cfg = config(tied=tied, compute_dtype=compute_dtype)
     layout = hs.Layout.parse(layout_name)
     groups = hs.ParallelGroups(layout)
     accumulate, calls = wgrad.accumulate_weight_grad, []
@@ -403,6 +405,8 @@ def wgrad_parity(rank, world, layout_name, compute_dtype, recompute):
                 losses.append(model.forward_backward(step, 1.0 / hs.count_targets(step))[0])
             model.finish_gradients()
             out[fused] = (losses, _numpy(model.grad_shards()), len(calls))
+            out["layers"] = len(model.layers)
+            out["head"] = groups.is_last_stage and not (tied and groups.is_first_stage)
     finally:
         wgrad.accumulate_weight_grad = accumulate
     return out

@@ -479,7 +479,7 @@ def test_a_start_up_probe_measures_the_graph_overhead():
     assert all(o[:4] == out[0][:4] and [s[1] for s in o[5]] == [s[1] for s in steps] for o in out), \
         "ranks probed or planned differently"
     assert before == w.hardware(1 << 40).layer_overhead_seconds
-    assert model == after and after != before and 0 < after, (before, after)
+    assert model == after and after != before and after >= 0, (before, after)
     graphed = [(name, tokens) for name, tokens in observed if any(b for r in tokens for b in r)]
     # dp2 ran one sequence of each of its buckets from the graphs (and the same as it is).
     assert sorted(tokens[0][0] for name, tokens in graphed) == [32, 64], observed
