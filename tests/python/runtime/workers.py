@@ -106,9 +106,10 @@ def train_probing(rank, world, candidates, zero, home):
 
 def train_probing_graphs(rank, world, candidates, home, buckets):
     """A re-calibrating run with graph buckets and no graph overhead given: the start-up
-    probe measures it. Returns (the graph overhead before the probe, after it, the cost
-    model's, per observed phase (layout, its graph tokens), the probe's time of each such
-    phase, and per step (loss, layouts, the plan's graph tokens per phase on this rank))."""
+    probe measures it. Returns (the calibration's starting graph overhead, (the graph
+    overhead after the probe, the refitted layer overhead, the layouts of the savings
+    observed), the cost model's graph overhead, per observed phase (layout, its graph tokens),
+    the probe's time of each such phase, and per step (loss, layouts))."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
     rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=hardware(1 << 40), max_context=MAX_CONTEXT,
                     seed=7, recalibrate=True, probe=True, graph_buckets=buckets,
@@ -116,12 +117,14 @@ def train_probing_graphs(rank, world, candidates, home, buckets):
     before = rt.calibration.graphs["graph_layer_overhead_seconds"]  # what the calibration started from
     observed = [(layout.name, tokens) for layout, _, _, _, tokens in rt.calibration.phases]
     seconds = [m for _, _, m, _, _ in rt.calibration.phases]
+    savings = [name for name, _ in rt.calibration.graph_savings]
     after, model = rt._graph_overhead, rt.cost.graph_layer_overhead_seconds
+    layer = rt.hardware.layer_overhead_seconds
     steps = []
     for i in (1, 2):
         r = rt.train_step(batch(STEPS[i], i))
         steps.append((r.loss, r.layouts))
-    return before, after, model, observed, seconds, steps
+    return before, (after, layer, savings), model, observed, seconds, steps
 
 
 def train_bf16_switching(rank, world, candidates, fixed_plan, home, tied):
