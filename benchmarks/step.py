@@ -193,10 +193,9 @@ def _rank(rank, world, spec):
             seconds = time.perf_counter() - t0
             row[name] = {"seconds": seconds, "tokens_per_s": tokens / seconds,
                          "mfu": flops / seconds / peak if peak else None, "first_loss": first, **info}
-            if info.get("from_graphs"):
-                row[name]["padding"] = sum(budget - sum(p) for packs in spec["packs"][budget][1:] for p in packs) / tokens
-            elif name == "graphed":
-                row[name]["padding"] = 0.0
+            if "from_graphs" in info:  # padded only where the packs ran from the graphs
+                row[name]["padding"] = sum(budget - sum(p) for packs in spec["packs"][budget][1:] for p in packs) \
+                    / tokens if info["from_graphs"] else 0.0
             print(f"measured {name} at {budget}-token micro-batches: {tokens / seconds:.0f} tokens/s, MFU "
                   f"{(row[name]['mfu'] or float('nan')):.1%}, {seconds:.3f} s, first loss {first:.4f}", flush=True)
             del step

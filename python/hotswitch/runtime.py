@@ -527,7 +527,7 @@ class Runtime:
         loss_sum = torch.zeros(1, dtype=torch.float64)
         phases: List[PhaseResult] = []
         cold = []  # whether each phase is its layout's first in this process
-        ran_graphs = []  # per phase, the graph tokens of every replica's micro-batches as they ran
+        ran_graphs = []  # under graph buckets, per phase, every replica's micro-batches' graph tokens as they ran
         current, current_layout, switch_total, switch_bytes = None, None, 0.0, 0
         for k, ph in enumerate(plan.phases):
             layout = ph.layout
@@ -551,7 +551,8 @@ class Runtime:
                                                      graph_tokens=list(ph.graph_tokens[coord.dp_rank]))
             model.finish_gradients()
             compute_s = time.perf_counter() - t0
-            ran_graphs.append([_ran_graphs(model, r) for r in ph.graph_tokens])
+            if self._graph_overhead is not None:  # only graph buckets give the calibration graph tokens
+                ran_graphs.append([_ran_graphs(model, r) for r in ph.graph_tokens])
             if coord.tp_rank == 0 and coord.pp_rank == 0 and coord.cp_rank == 0:
                 loss_sum += float(replica_loss)
 
