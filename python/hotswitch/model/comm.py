@@ -8,7 +8,12 @@ row-parallel matrix's partial sums (backward: all-gather).
 
 Both run as one collective into or out of one tensor, in the tensors' own dtype (bf16
 included), on NCCL and on gloo alike (``all_gather_single`` / ``reduce_scatter_single``, or
-their older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``).
+their older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``). Under
+``torch.compile`` (``torch.compiler.is_compiling()``) they are the functional collectives of
+``torch.distributed._functional_collectives`` instead, which Dynamo traces into the graph: a
+compiled tensor-parallel layer is one graph, not one broken at every collective, and inductor
+places each collective's wait at the first use of its result, so the products between run
+beside it.
 
 ``gathered_linear`` joins the gather with the column-parallel matrix product that follows
 it, as Megatron-LM's sequence-parallel linear does: only this rank's slice stays for the
@@ -23,6 +28,7 @@ from typing import List, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from hotswitch.model import wgrad
@@ -33,6 +39,9 @@ __all__ = ["all_reduce", "all_gather_rows", "reduce_scatter_rows", "gather_from_
 # The single-tensor collectives under their current names, else the names they had.
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# Their functional forms (a new tensor, waited for at its first use), under either name.
+_traced_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_traced_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 
 
 def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -45,9 +54,12 @@ def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
 def all_gather_rows(x: torch.Tensor, group, size: int, async_op: bool = False):
     """``[n, ...]`` on each rank -> ``[size * n, ...]``, the ranks' rows in group-rank order.
     With ``async_op``: ``(rows, work)``, the rows valid once ``work.wait()`` returns (``work``
-    None for no group)."""
+    None for no group, or under ``torch.compile``, where the wait is traced)."""
     if group is None:
         return (x, None) if async_op else x
+    if torch.compiler.is_compiling():
+        out = _traced_gather(x.contiguous(), 0, group)
+        return (out, None) if async_op else out
     x = x.contiguous()
     out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     work = _gather_single(out, x, group=group, async_op=async_op)
@@ -57,9 +69,13 @@ def all_gather_rows(x: torch.Tensor, group, size: int, async_op: bool = False):
 def reduce_scatter_rows(x: torch.Tensor, group, size: int, index: int, async_op: bool = False):
     """``[size * n, ...]`` summands on each rank -> rows ``[index * n, (index + 1) * n)`` of
     their sum (``index``: this rank's place in ``group``). With ``async_op``: ``(rows,
-    work)``, the rows valid once ``work.wait()`` returns (``work`` None for no group)."""
+    work)``, the rows valid once ``work.wait()`` returns (``work`` None for no group, or
+    under ``torch.compile``, where the wait is traced)."""
     if group is None:
         return (x, None) if async_op else x
+    if torch.compiler.is_compiling():
+        out = _traced_scatter(x.contiguous(), "sum", 0, group)
+        return (out, None) if async_op else out
     out = torch.empty((x.shape[0] // size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     work = _scatter_single(out, x.contiguous(), group=group, async_op=async_op)
     return (out, work) if async_op else out
@@ -119,7 +135,7 @@ class _GatheredLinear(torch.autograd.Function):
         dx = scatter = dw = None
         if need_dx:
             dx = grad.matmul(weight).to(ctx.x_dtype)
-        if need_dw:
+        if gather is not None:
             gather.wait()  # before the next collective is posted: one in flight at a time
         if need_dx:
             dx, scatter = reduce_scatter_rows(dx, ctx.group, ctx.size, ctx.index, async_op=True)
