@@ -501,8 +501,8 @@ PYBIND11_MODULE(_C, m) {
                     "Of micro_batch_seconds, the cp collectives' latencies.")
       .def_readonly("cp", &LayoutTerms::cp)
       .def_readonly("graphs", &LayoutTerms::graphs,
-                    "Whether micro-batches may run from CUDA graphs (graph buckets given; tp, pp and cp 1; no full "
-                    "recomputation).")
+                    "Whether micro-batches may run from CUDA graphs (graph buckets given, each a multiple of tp; pp and "
+                    "cp 1; no full recomputation).")
       .def_readonly("graph_saved_seconds", &LayoutTerms::graphSavedSeconds,
                     "Per micro-batch run from CUDA graphs, the fixed cost it does not pay.")
       .def_property_readonly("recompute", [](const LayoutTerms& t) { return std::string(recomputeName(t.recompute)); })
@@ -574,7 +574,8 @@ PYBIND11_MODULE(_C, m) {
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
            "cp_min_chunk: tokens of the smallest cp chunk (shorter sequences stay whole on one cp rank). "
            "layout_scale: {layout name: factor > 0} on every time term of that layout (the others keep 1). "
-           "graph_buckets: ascending token counts at which data-parallel layouts' layers run from CUDA graphs, "
+           "graph_buckets: ascending token counts at which the layers of layouts with pp and cp 1 (and every bucket "
+           "a multiple of tp) run from CUDA graphs, "
            "a micro-batch padded to the smallest that holds it when that costs less than its launches; "
            "graph_layer_overhead_seconds: the fixed seconds per layer of such a micro-batch (in place of the "
            "profile's layer_overhead_seconds).")

@@ -372,8 +372,11 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   out.gamma = layers * hardware_.sequenceOverheadSeconds;
   out.alphaCompute = layers * (productToken + attention * hardware_.attentionHalfLength + elementwise);
   out.microBatchSeconds = layers * (productMicroBatch + hardware_.layerOverheadSeconds);
-  // 12. CUDA graphs: data-parallel layouts that keep their activations.
-  out.graphs = !options_.graphBuckets.empty() && tp == 1 && pp == 1 && cp == 1 && !full;
+  // 12. CUDA graphs: layouts of one stage and no cp that keep their activations, at tp > 1 when
+  // every bucket divides into its sequence-parallel slices.
+  out.graphs = !options_.graphBuckets.empty() && pp == 1 && cp == 1 && !full &&
+               std::all_of(options_.graphBuckets.begin(), options_.graphBuckets.end(),
+                           [tp](int64_t bucket) { return bucket % tp == 0; });
   if (out.graphs) out.graphSavedSeconds = layers * (hardware_.layerOverheadSeconds - options_.graphLayerOverheadSeconds);
 
   // 6. The head and the loss, on the last stage.
@@ -467,7 +470,7 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
         int64_t n = 0;
         for (int64_t s : batches[r][k]) n += s;
         HS_CHECK(t.graphs, "graph_tokens[", r, "][", k, "] is ", b, " but ", layout.name(),
-                 " runs no CUDA graphs (graph buckets, tp, pp and cp 1, no full recomputation)");
+                 " runs no CUDA graphs (graph buckets, each a multiple of tp; pp and cp 1; no full recomputation)");
         HS_CHECK(std::binary_search(buckets.begin(), buckets.end(), b) && b >= n, "graph_tokens[", r, "][", k,
                  "] is ", b, ", expected 0 or a graph bucket that holds the micro-batch's ", n, " tokens");
       }

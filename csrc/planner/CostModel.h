@@ -110,7 +110,9 @@
 //    Gradients reduce over the data group, dp * cp ranks.
 //
 // 12. CUDA graphs (CostOptions::graphBuckets; hotswitch.model's graph buckets). A layout whose
-//    layers can run from captured graphs (tp, pp and cp 1, no full recomputation) may run a
+//    layers can run from captured graphs (pp and cp 1, no full recomputation, and at tp > 1
+//    every bucket a multiple of tp, so that a padded pack cuts into equal sequence-parallel
+//    slices; the tensor-parallel collectives are captured with the layer) may run a
 //    micro-batch of n tokens padded to the smallest bucket B >= n: the padding is one more
 //    sequence of B - n tokens, so the micro-batch costs alpha (B - n) + beta (B - n)^2 + gamma
 //    more (gamma only when B > n), and each layer's fixed cost is graphLayerOverheadSeconds

@@ -171,8 +171,9 @@ class RuntimeConfig:
     compiles it, and the start-up probe, when on, times the compiled layers."""
 
     graph_buckets: Optional[List[int]] = None
-    """Token counts at which the data-parallel layouts' layers (tp, pp and cp 1) run from CUDA
-    graphs (``ParallelTransformer(graph_buckets=...)``): the planner pads a micro-batch to the
+    """Token counts at which the layers of layouts with pp and cp 1 (at tp > 1, where every
+    bucket is a multiple of tp) run from CUDA graphs (``ParallelTransformer(graph_buckets=...)``):
+    the planner pads a micro-batch to the
     smallest that holds it when the padding costs less than the launches it saves
     (``CostModel(graph_buckets=...)``), and the plan's ``graph_tokens`` say which. Needs
     ``graph_layer_overhead_seconds`` or the start-up ``probe``, which measures it."""
@@ -181,8 +182,8 @@ class RuntimeConfig:
     """The fixed seconds per layer of a micro-batch run from the graphs, in place of the
     hardware profile's ``layer_overhead_seconds``: measured on the device
     (``hotswitch.calibration.measure_micro_batch(..., graphs=True)``), and refitted with the
-    profile under ``recalibrate``. The start-up ``probe`` measures it: each data-parallel
-    layout runs one sequence of its smallest and of its largest bucket it holds, as it is and
+    profile under ``recalibrate``. The start-up ``probe`` measures it: each layout that runs graphs
+    runs one sequence of its smallest and of its largest bucket it holds, as it is and
     from the graphs, and the graph overhead becomes the refitted layer overhead less the
     measured saving per layer (replacing a given one). None, under ``probe`` only: until a
     saving is measured the graphs are priced as saving nothing."""

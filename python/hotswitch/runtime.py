@@ -307,10 +307,12 @@ class Runtime:
         return self.settings.graph_options(self.hardware, self._graph_overhead)
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
-        """The graph buckets of ``layout``'s model: the settings' under a data-parallel layout."""
-        if self.settings.graph_buckets is None or (layout.tp, layout.pp, layout.cp) != (1, 1, 1):
+        """The graph buckets of ``layout``'s model: the settings' where the layout runs graphs
+        (pp and cp 1, every bucket a multiple of its tp: ``LayoutTerms.graphs``), else None."""
+        buckets = self.settings.graph_buckets
+        if buckets is None or layout.pp != 1 or layout.cp != 1 or any(b % layout.tp for b in buckets):
             return None
-        return list(self.settings.graph_buckets)
+        return list(buckets)
 
     def _planned_scale(self) -> Dict[str, float]:
         """The factor on each layout's predicted times: the re-calibration's for the layouts it
@@ -1023,7 +1025,7 @@ class Runtime:
             self._measured.add(layout.name)
         _log.info("start-up probe, slowest rank: %s", report)
         if self._graph_overhead is not None and not self.calibration.graph_savings:
-            _log.warning("start-up probe: no data-parallel layout runs a graph bucket of 16 tokens or more from the "
+            _log.warning("start-up probe: no layout runs a graph bucket of 16 tokens or more from the "
                          "graphs here, so the graphs' saving is unmeasured; the graph overhead stays %s",
                          "as given" if self.settings.graph_layer_overhead_seconds is not None else
                          "the layer overhead (the graphs save nothing)")

@@ -508,11 +508,24 @@ TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
   // A padded micro-batch keeps the activations of its bucket's tokens.
   EXPECT_EQ(graphs.phase(dp, {{{7}}}).activationBytes, plain.phase(dp, {{{8}}}).activationBytes);
 
-  // No graphs under tensor parallelism or full recomputation.
+  // Graphs under tensor parallelism when every bucket is a multiple of tp (the padded pack
+  // cuts into equal sequence-parallel slices), the same saving per layer; none across stages,
+  // under context parallelism or full recomputation.
   CostModel pair(tiny(), hw, Topology(2, 2), options);
   EXPECT_TRUE(pair.terms(Layout(2, 1, 1)).graphs);
-  EXPECT_FALSE(pair.terms(Layout(1, 2, 1)).graphs);
-  EXPECT_EQ(pair.phase(Layout(1, 2, 1), {{{5, 3}}}).graphedMicroBatches, 0);
+  const LayoutTerms tp2 = pair.terms(Layout(1, 2, 1));
+  EXPECT_TRUE(tp2.graphs);
+  EXPECT_DOUBLE_EQ(tp2.graphSavedSeconds, 2 * (0.05 - 0.01));
+  EXPECT_EQ(pair.graphTokens(tp2, {5, 3}), 8);
+  EXPECT_EQ(pair.phase(Layout(1, 2, 1), {{{5, 3}}}).graphedMicroBatches, 1);
+  CostOptions odd = options;
+  odd.graphBuckets = {8, 63};
+  CostModel oddPair(tiny(), hw, Topology(2, 2), odd);
+  EXPECT_TRUE(oddPair.terms(Layout(2, 1, 1)).graphs);
+  EXPECT_FALSE(oddPair.terms(Layout(1, 2, 1)).graphs);
+  EXPECT_EQ(oddPair.phase(Layout(1, 2, 1), {{{5, 3}}}).graphedMicroBatches, 0);
+  EXPECT_FALSE(pair.terms(Layout(1, 1, 2)).graphs);
+  EXPECT_FALSE(pair.terms(Layout(1, 1, 1, 2)).graphs);
   EXPECT_FALSE(graphs.terms(dp, Recompute::kFull).graphs);
   EXPECT_TRUE(graphs.terms(dp, Recompute::kSelective).graphs);
 
@@ -563,14 +576,14 @@ TEST(CostModelTest, APhaseIsPricedWithTheGraphBucketsItRanWith) {
            {{0, 0, 0, 70}}}) {     // not a bucket either
     EXPECT_THROW(graphs.phase(dp, t, batches, &bad), InvalidArgument);
   }
-  // A layout without graphs ran none.
+  // A layout without graphs (two stages) ran none.
   CostModel pair(tiny(), hw, Topology(2, 2), options);
-  const Layout tp2(1, 2, 1);
-  const std::vector<std::vector<int64_t>> tpRan{{8}};
-  EXPECT_THROW(pair.phase(tp2, pair.terms(tp2), {{{5, 3}}}, &tpRan), InvalidArgument);
-  const std::vector<std::vector<int64_t>> tpNone{{0}};
-  EXPECT_DOUBLE_EQ(pair.phase(tp2, pair.terms(tp2), {{{5, 3}}}, &tpNone).totalSeconds,
-                   pair.phase(tp2, {{{5, 3}}}).totalSeconds);
+  const Layout pp2(1, 1, 2);
+  const std::vector<std::vector<int64_t>> ppRan{{8}};
+  EXPECT_THROW(pair.phase(pp2, pair.terms(pp2), {{{5, 3}}}, &ppRan), InvalidArgument);
+  const std::vector<std::vector<int64_t>> ppNone{{0}};
+  EXPECT_DOUBLE_EQ(pair.phase(pp2, pair.terms(pp2), {{{5, 3}}}, &ppNone).totalSeconds,
+                   pair.phase(pp2, {{{5, 3}}}).totalSeconds);
 }
 
 }  // namespace

@@ -143,7 +143,8 @@ class OnlineCalibration:
     def _checked_graph_tokens(self, layout, batches, recompute: str, graph_tokens) -> List[List[int]]:
         """``graph_tokens`` as lists of ints, or ``ValueError`` (nothing observed) when they are not
         one entry per micro-batch, each 0 or a graph bucket holding it under a layout that runs
-        graphs (tp, pp and cp 1, no full recomputation)."""
+        graphs (``LayoutTerms.graphs``: pp and cp 1, every bucket a multiple of tp, no full
+        recomputation)."""
         buckets = self.graphs.get("graph_buckets", [])
         shape = [len(r) for r in batches]
         if not isinstance(graph_tokens, (list, tuple)) or [len(r) for r in graph_tokens] != shape:

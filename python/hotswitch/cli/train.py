@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compile-layers", action="store_true",
                    help="regional torch.compile: each layer's forward compiled once per layout (first step slower)")
     t.add_argument("--graph-buckets", type=_token_counts, default=None, metavar="T1,T2,...",
-                   help="token counts at which data-parallel layouts run their layers from CUDA graphs; the planner "
+                   help="token counts at which layouts with pp and cp 1 (and every bucket a multiple of tp) run "
+                        "their layers from CUDA graphs; the planner "
                         "pads a micro-batch to one when that saves more launches than the padding costs (needs "
                         "--graph-layer-overhead or --probe, which measures it)")
     t.add_argument("--graph-layer-overhead", type=float, default=None, metavar="SECONDS",

@@ -363,12 +363,15 @@ class ParallelTransformer(nn.Module):
     the first layer, the others) serving every layer of the stage and every pack size, so
     inductor fuses the element-wise steps, casts and residual sums itself and a layer's
     forward and backward each run as one compiled call. The fused steps then take the PyTorch
-    path (``kernels`` must be None or ``"torch"``). Collectives posted with async work (the
-    tensor-parallel products' backward overlap) stay eager: at tp > 1 the graph breaks around
-    them. The first call compiles (tens of seconds); a new layout compiles its own shapes.
+    path (``kernels`` must be None or ``"torch"``). At tp > 1 the collectives are traced as
+    functional collectives (``comm``), so the layer stays one graph and inductor places each
+    wait at the first use of its result. The first call compiles (tens of seconds); a new
+    layout compiles its own shapes.
 
-    ``graph_buckets``: token counts at which the layers run from CUDA graphs (data-parallel
-    layouts only: tp, pp and cp 1). A micro-batch given a bucket (``forward_backward``'s
+    ``graph_buckets``: token counts at which the layers run from CUDA graphs (layouts of one
+    stage without context parallelism: pp and cp 1; at tp > 1 each bucket a multiple of tp, so
+    a padded pack cuts into equal sequence-parallel slices, and the layer's collectives, traced
+    as functional collectives, are captured with it). A micro-batch given a bucket (``forward_backward``'s
     ``graph_tokens``; by default the smallest bucket that holds it) is padded to it, and its
     layers run through ``graphed_pair``: compiled, and on a CUDA device captured once per
     layer and shape and replayed, so a layer's forward and backward cost a graph launch
@@ -485,9 +488,13 @@ class ParallelTransformer(nn.Module):
         if buckets is None:
             return ()
         check_token_counts("graph_buckets", buckets, config.max_position_embeddings, "max_position_embeddings")
-        if layout.tp != 1 or layout.pp != 1 or layout.cp != 1:
-            raise ValueError(f"graph_buckets: layers run from CUDA graphs only under data parallelism (tp, pp and "
-                             f"cp 1), got layout {layout}")
+        if layout.pp != 1 or layout.cp != 1:
+            raise ValueError(f"graph_buckets: layers run from CUDA graphs only on one stage without context "
+                             f"parallelism (pp and cp 1), got layout {layout}")
+        odd = [b for b in buckets if b % layout.tp]
+        if odd:
+            raise ValueError(f"graph_buckets must be multiples of tp ({layout.tp}) under layout {layout}, so that a "
+                             f"padded pack cuts into equal sequence-parallel slices; got {odd[0]!r} in {list(buckets)!r}")
         return tuple(sorted(buckets))
 
     def graph_tokens(self, micro_batches: Sequence[MicroBatch]) -> List[int]:

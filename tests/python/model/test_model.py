@@ -460,8 +460,10 @@ def test_compile_layers_refuses_a_non_bool_and_the_triton_steps():
         hs.RuntimeConfig(compile_layers=1)
 
 
-@pytest.mark.parametrize("recompute,compute_dtype", [("none", None), ("selective", "bfloat16"), ("full", None)])
-def test_graph_buckets_pad_packs_and_train_as_the_unpadded_model(recompute, compute_dtype):
+@pytest.mark.parametrize("recompute,compute_dtype,layout", [
+    ("none", None, "dp1"), ("selective", "bfloat16", "dp1"), ("full", None, "dp1"), ("none", None, "tp2"),
+    ("selective", "bfloat16", "tp2")])
+def test_graph_buckets_pad_packs_and_train_as_the_unpadded_model(recompute, compute_dtype, layout):
     # Buckets of 32, 64 and 128 tokens: packs of up to 32 and up to 64 tokens run padded to
     # them (their padding an extra sequence without targets) through the graphed layers; a
     # pack of 70 as it is, since at 128 tokens its attention would run grouped here (8 heads
@@ -469,24 +471,28 @@ def test_graph_buckets_pad_packs_and_train_as_the_unpadded_model(recompute, comp
     # as it is. Losses and gradients
     # as without buckets: fp32 within 1e-5, bf16 within 2e-2 of the largest gradient (the
     # norms' matrix inputs round differently). One compiled graph per variant of the layer
-    # serves both calls' packs, and nothing breaks it.
-    (out, breaks, _), = run_world(1, w.graphed_layers_parity, recompute, compute_dtype, timeout=600)
-    (losses, grads, graphs), (ref_losses, ref_grads, _) = out[True], out[False]
-    tol = 1e-5 if compute_dtype is None else 2e-2
-    np.testing.assert_allclose(losses, ref_losses, rtol=tol)
-    assert grads.keys() == ref_grads.keys()
-    for name in grads:
-        scale = max(float(np.abs(ref_grads[name]).max()), 1e-6)
-        assert float(np.abs(grads[name] - ref_grads[name]).max()) <= tol * scale, name
-    (first, packs1), (second, packs2) = graphs
-    if recompute == "full":
-        assert packs1 == [(17, False), (61, False), (70, False)] and packs2 == [(26, False), (36, False), (61, False)]
-        assert first == second == 0
-    else:
-        assert packs1 == [(32, True), (64, True), (70, False)], packs1
-        assert packs2 == [(32, True), (64, True), (64, True)], packs2
-        assert first > 0 and second == first, graphs
-    assert breaks == [], breaks
+    # serves both calls' packs, and nothing breaks it: at tp2 too, where each rank runs its
+    # sequence-parallel half of the padded pack and the layer's collectives are traced in the
+    # graph (at tp2 the 70-token pack is padded to an even 70 as without buckets).
+    world = hs.Layout.parse(layout).world
+    for rank, (out, breaks, _) in enumerate(run_world(world, w.graphed_layers_parity, recompute, compute_dtype,
+                                                      layout, timeout=600)):
+        (losses, grads, graphs), (ref_losses, ref_grads, _) = out[True], out[False]
+        tol = 1e-5 if compute_dtype is None else 2e-2
+        np.testing.assert_allclose(losses, ref_losses, rtol=tol, err_msg=f"rank {rank}")
+        assert grads.keys() == ref_grads.keys()
+        for name in grads:
+            scale = max(float(np.abs(ref_grads[name]).max()), 1e-6)
+            assert float(np.abs(grads[name] - ref_grads[name]).max()) <= tol * scale, (rank, name)
+        (first, packs1), (second, packs2) = graphs
+        if recompute == "full":
+            assert packs1 == [(17, False), (61, False), (70, False)] and packs2 == [(26, False), (36, False), (61, False)]
+            assert first == second == 0
+        else:
+            assert packs1 == [(32, True), (64, True), (70, False)], (rank, packs1)
+            assert packs2 == [(32, True), (64, True), (64, True)], (rank, packs2)
+            assert first > 0 and second == first, (rank, graphs)
+        assert breaks == [], (rank, breaks)
 
 
 def test_graph_buckets_and_graph_tokens_refuse_bad_values_and_change_nothing():
@@ -501,6 +507,8 @@ def test_graph_buckets_and_graph_tokens_refuse_bad_values_and_change_nothing():
     assert messages[10].endswith("got 128"), messages[10]
     assert messages[11].startswith("graph_tokens[0] must be 0 or one of") and messages[11].endswith("got 32.0")
     assert unchanged
-    (tp2,), _ = run_world(2, w.graph_bucket_errors, timeout=300)
-    assert tp2 == ("graph_buckets: layers run from CUDA graphs only under data parallelism (tp, pp and cp 1), "
-                   "got layout tp2"), tp2
+    (tp2, pp2), _ = run_world(2, w.graph_bucket_errors, timeout=300)
+    assert tp2 == ("graph_buckets must be multiples of tp (2) under layout tp2, so that a padded pack cuts into "
+                   "equal sequence-parallel slices; got 33 in [32, 33]"), tp2
+    assert pp2 == ("graph_buckets: layers run from CUDA graphs only on one stage without context parallelism (pp "
+                   "and cp 1), got layout pp2"), pp2

@@ -530,7 +530,7 @@ def compile_bad_input(rank, world):
     return messages
 
 
-def graphed_layers_parity(rank, world, recompute, compute_dtype):
+def graphed_layers_parity(rank, world, recompute, compute_dtype, layout_name="dp1"):
     """The model with graph buckets (32, 64 and 128 tokens) against the same model without, on
     the same micro-batches over two calls (packs of up to 32, up to 64 and over 64 tokens)
     with an in-place step of the weights between them: per call the loss, then the second
@@ -542,7 +542,7 @@ def graphed_layers_parity(rank, world, recompute, compute_dtype):
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     cfg = config(tied=False, compute_dtype=compute_dtype)
-    layout = hs.Layout()
+    layout = hs.Layout.parse(layout_name)
     calls = batches(seed=21, step_lengths=[[[5, 11, 1], [31, 30], [70]], [[2, 3, 5, 7, 9], [17, 19], [40, 21]]])
     out = {}
     for buckets in (None, [64, 32, 128]):
@@ -560,6 +560,7 @@ def graphed_layers_parity(rank, world, recompute, compute_dtype):
         model._contexts = recorded
         for k, micro_batches in enumerate(calls):
             if k:  # an optimizer's step between the calls: the kept copies are cast again, in place
+                model.finish_gradients()  # at tp2 the norms' gradients summed over the slices first
                 with torch.no_grad():
                     for p in model.parameters():
                         p.add_(p.grad, alpha=-0.5)
@@ -577,14 +578,18 @@ def graphed_layers_parity(rank, world, recompute, compute_dtype):
 def graph_bucket_errors(rank, world):
     """The messages of bad graph buckets and graph tokens (world 1), and whether a refused
     call changed the gradients."""
-    layout = hs.Layout.parse("tp2" if world == 2 else "dp1")
-    groups = hs.ParallelGroups(layout)
     if world == 2:
-        try:
-            hs.ParallelTransformer(config(), layout, groups, graph_buckets=[32])
-        except ValueError as e:
-            return [str(e)]
-        return [None]
+        messages = []
+        for name, buckets in (("tp2", [32, 33]), ("pp2", [32])):
+            layout = hs.Layout.parse(name)
+            try:
+                hs.ParallelTransformer(config(), layout, hs.ParallelGroups(layout), graph_buckets=buckets)
+                messages.append(None)
+            except ValueError as e:
+                messages.append(str(e))
+        return messages
+    layout = hs.Layout.parse("dp1")
+    groups = hs.ParallelGroups(layout)
     messages = []
     for kwargs in (dict(graph_buckets=[]), dict(graph_buckets=[32, 32]), dict(graph_buckets=[0]),
                    dict(graph_buckets=[1000]), dict(graph_buckets="32"), dict(graph_buckets=[32.0])):
