@@ -61,7 +61,7 @@
 // the phase's longest piece is tried as the token budget too, and the packing priced lowest,
 // its padding and the launches it saves weighed per micro-batch, is the phase's. (The
 // program's estimate E and its pruning of dominated layouts do not see the graphs' saving:
-// a data-parallel layout is priced as without graphs until its exact packing.)
+// a layout that runs graphs is priced as without them until its exact packing.)
 // Last, by those exact times, the plan is compared with running the whole step as one phase
 // under the home layout or under the best static layout (switched into from home and back),
 // and the program's plan is kept only when it is predicted faster than the better of the two

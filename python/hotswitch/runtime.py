@@ -36,7 +36,7 @@ from hotswitch._errors import as_fault
 from hotswitch.calibration.online import OnlineCalibration
 from hotswitch.logging import get_logger
 from hotswitch.model.batch import MicroBatch
-from hotswitch.model.config import TransformerConfig
+from hotswitch.model.config import TransformerConfig, runs_graphs
 from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.groups import ParallelGroups, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
@@ -310,9 +310,7 @@ class Runtime:
         """The graph buckets of ``layout``'s model: the settings' where the layout runs graphs
         (pp and cp 1, every bucket a multiple of its tp: ``LayoutTerms.graphs``), else None."""
         buckets = self.settings.graph_buckets
-        if buckets is None or layout.pp != 1 or layout.cp != 1 or any(b % layout.tp for b in buckets):
-            return None
-        return list(buckets)
+        return list(buckets) if runs_graphs(layout, buckets) else None
 
     def _planned_scale(self) -> Dict[str, float]:
         """The factor on each layout's predicted times: the re-calibration's for the layouts it

@@ -36,6 +36,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hotswitch import _C
+from hotswitch.model.config import runs_graphs
 
 __all__ = ["Fit", "OnlineCalibration"]
 
@@ -150,7 +151,7 @@ class OnlineCalibration:
         if not isinstance(graph_tokens, (list, tuple)) or [len(r) for r in graph_tokens] != shape:
             raise ValueError(f"graph_tokens must hold one entry per micro-batch of each replica {shape}, got "
                              f"{graph_tokens!r}")
-        graphs = (layout.tp, layout.pp, layout.cp) == (1, 1, 1) and recompute != "full"
+        graphs = runs_graphs(layout, buckets, recompute)
         for r, (replica, row) in enumerate(zip(batches, graph_tokens)):
             for k, (micro, b) in enumerate(zip(replica, row)):
                 if isinstance(b, bool) or not isinstance(b, int) or (

@@ -122,7 +122,7 @@ def test_bad_graph_tokens_are_refused_and_observe_nothing():
     cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
     cal = OnlineCalibration(cfg, hs.Topology(4, 4), zero=False,
                             graphs=dict(graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=None))
-    dp4, tp2 = hs.Layout.parse("dp4"), hs.Layout.parse("dp2tp2")
+    dp4, tp2, pp2 = hs.Layout.parse("dp4"), hs.Layout.parse("dp2tp2"), hs.Layout.parse("dp2pp2")
     batches = [[[120, 7]], [[100]], [[256]], [[30, 30]]]
     for layout, tokens, recompute, match in [
             (dp4, [[128]] * 3, "none", r"one entry per micro-batch of each replica \[1, 1, 1, 1\]"),
@@ -132,12 +132,13 @@ def test_bad_graph_tokens_are_refused_and_observe_nothing():
             (dp4, [[0], [0], [0], [100]], "none", r"graph_tokens\[3\]\[0\] .* got 100"),
             (dp4, [[0], [0], [0], [64.0]], "none", r"got 64.0"),
             (dp4, [[128], [0], [0], [0]], "full", "recompute 'full'"),
-            (tp2, [[128], [0]], "none", "dp2tp2")]:
+            (pp2, [[128], [0]], "none", "dp2pp2")]:
         with pytest.raises(ValueError, match=match):
             cal.observe_phase(layout, batches if layout is dp4 else batches[:2], 0.1, recompute, graph_tokens=tokens)
     assert not cal.phases
     cal.observe_phase(dp4, batches, 0.1, graph_tokens=[[128], [128], [256], [64]])
-    assert len(cal.phases) == 1
+    cal.observe_phase(tp2, batches[:2], 0.1, graph_tokens=[[128], [128]])  # every bucket a multiple of 2
+    assert len(cal.phases) == 2
 
 
 def test_a_phase_is_priced_with_the_graph_tokens_it_ran_with_and_bad_ones_are_refused():
@@ -145,7 +146,7 @@ def test_a_phase_is_priced_with_the_graph_tokens_it_ran_with_and_bad_ones_are_re
     cost = hs.CostModel(cfg, _truth(), hs.Topology(4, 4), graph_buckets=GRAPH_BUCKETS,
                         graph_layer_overhead_seconds=4e-5)
     plain = hs.CostModel(cfg, _truth(), hs.Topology(4, 4))
-    dp4, tp2 = hs.Layout.parse("dp4"), hs.Layout.parse("dp2tp2")
+    dp4, tp2, pp2 = hs.Layout.parse("dp4"), hs.Layout.parse("dp2tp2"), hs.Layout.parse("dp2pp2")
     batches = [[[120, 7]], [[100]], [[256]], [[30, 30]]]
     assert cost.phase(dp4, batches, graph_tokens=[[0]] * 4).run_seconds == plain.phase(dp4, batches).run_seconds
     padded = cost.phase(dp4, batches, graph_tokens=[[128], [128], [256], [64]])
@@ -158,8 +159,10 @@ def test_a_phase_is_priced_with_the_graph_tokens_it_ran_with_and_bad_ones_are_re
                           ([[0], [0], [0], [100]], r"graph_tokens\[3\]\[0\] is 100")]:
         with pytest.raises(ValueError, match=match):
             cost.phase(dp4, batches, graph_tokens=tokens)
-    with pytest.raises(ValueError, match="dp2tp2 runs no CUDA graphs"):
-        cost.phase(tp2, [[[120]], [[64]]], graph_tokens=[[128], [0]])
+    with pytest.raises(ValueError, match="dp2pp2 runs no CUDA graphs"):
+        cost.phase(pp2, [[[120]], [[64]]], graph_tokens=[[128], [0]])
+    # At tp2 the graphs run, every bucket being a multiple of 2.
+    assert cost.phase(tp2, [[[120]], [[64]]], graph_tokens=[[128], [0]]).graphed_micro_batches == 1
 
 
 def test_without_observations_nothing_is_fitted():

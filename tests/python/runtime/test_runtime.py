@@ -451,19 +451,20 @@ def test_compiled_layers_train_as_the_eager_runtime_across_switches():
         np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_graph_buckets_train_as_the_unpadded_runtime_across_switches():
-    # RuntimeConfig.graph_buckets: the dp2 phases' micro-batches that the plan pads to a bucket
-    # run from the graphed layers; the home tp2 runs none. Trains as without buckets, fp32
-    # within 1e-5.
-    fixed = [[60, "dp2"], [256, "tp2"]]
-    out = run_world(2, w.train_graphed, ["dp2", "tp2"], fixed, "tp2", [64, 128, 256], timeout=600)
+@pytest.mark.parametrize("fixed,buckets,graphed", [
+    ([[60, "dp2"], [256, "tp2"]], [64, 128, 256], {"dp2"}),
+    ([[60, "tp2"], [256, "dp2"]], [64, 256], {"tp2"})])
+def test_graph_buckets_train_as_the_unpadded_runtime_across_switches(fixed, buckets, graphed):
+    # RuntimeConfig.graph_buckets: the micro-batches that the plan pads to a bucket run from the
+    # graphed layers, under dp2 and under the home tp2 alike (every bucket a multiple of 2),
+    # where their attention is static here: packs of up to 64 tokens (at 8 heads, 4 per tp2
+    # rank). Trains as without buckets, fp32 within 1e-5.
+    out = run_world(2, w.train_graphed, ["dp2", "tp2"], fixed, "tp2", buckets, timeout=600)
     (steps, weights), (ref_steps, ref_weights) = out[0][True], out[0][False]
     assert [s[1] for s in steps] == [s[1] for s in ref_steps]
     assert any(len(s[1]) > 1 for s in steps), steps  # some step switched
-    for layouts, tokens in [(s[1], s[2]) for rank in out for s in rank[True][0]]:
-        for layout, graphed in zip(layouts, tokens):
-            assert layout == "dp2" or not any(graphed), (layouts, tokens)
-    assert any(b for rank in out for s in rank[True][0] for graphed in s[2] for b in graphed), steps
+    ran = {layout for rank in out for s in rank[True][0] for layout, tokens in zip(s[1], s[2]) if any(tokens)}
+    assert ran == graphed, steps
     assert all(not any(g) for rank in out for s in rank[False][0] for g in s[2])
     np.testing.assert_allclose([s[0] for s in steps], [s[0] for s in ref_steps], rtol=1e-5)
     for name in ref_weights:
@@ -472,22 +473,26 @@ def test_graph_buckets_train_as_the_unpadded_runtime_across_switches():
 
 def test_a_start_up_probe_measures_the_graph_overhead():
     # Graph buckets without a graph overhead: the probe runs a bucket's pack eagerly and from
-    # the graphs under dp2 (never under tp2), and its fit replaces the starting overhead (the
-    # layer overhead: no saving) with a measured one that every rank plans with.
-    out = run_world(2, w.train_probing_graphs, ["dp2", "tp2"], "tp2", [32, 64], timeout=600)
+    # the graphs under dp2 and tp2 (never under pp2, whose two stages run no graphs), and its
+    # fit replaces the starting overhead (the layer overhead: no saving) with a measured one
+    # that every rank plans with.
+    out = run_world(2, w.train_probing_graphs, ["dp2", "tp2", "pp2"], "tp2", [32, 64], timeout=600)
     before, (after, layer, savings), model, observed, seconds, steps = out[0]
     assert all(o[1:4] == out[0][1:4] and [s[1] for s in o[5]] == [s[1] for s in steps] for o in out), \
         "ranks probed or planned differently"
     assert before is None  # unknown: the graphs saved nothing until the probe's pairs
-    assert savings == ["dp2", "dp2"], savings
+    assert savings == ["dp2", "dp2", "tp2", "tp2"], savings
     # The refitted layer overhead less the measured saving, which the planner prices with.
     assert model == after and after >= 0 and after != layer, (after, layer)
     graphed = [(name, tokens) for name, tokens in observed if any(b for r in tokens for b in r)]
-    # dp2 ran one sequence of each of its buckets from the graphs (and the same as it is).
-    assert sorted(tokens[0][0] for name, tokens in graphed) == [32, 64], observed
-    assert {name for name, _ in graphed} == {"dp2"}, observed
+    # dp2 and tp2 ran one sequence of each of their buckets from the graphs (and the same as it
+    # is); pp2 observed its packs and none from the graphs.
+    assert sorted(tokens[0][0] for name, tokens in graphed) == [32, 32, 64, 64], observed
+    assert {name for name, _ in graphed} == {"dp2", "tp2"}, observed
     for bucket in (32, 64):
         assert ("dp2", [[0], [0]]) in observed and ("dp2", [[bucket], [bucket]]) in observed, observed
+        assert ("tp2", [[0]]) in observed and ("tp2", [[bucket]]) in observed, observed
+    assert any(name == "pp2" for name, _ in observed), observed
     assert all(s > 0 for s in seconds)
     assert all(np.isfinite(s[0]) for s in steps), steps
 

@@ -433,8 +433,9 @@ def train_compiled(rank, world, candidates, fixed_plan, home):
 def train_graphed(rank, world, candidates, fixed_plan, home, buckets):
     """Two fp32 runs of two of STEPS under one fixed plan from ``home``, without and with
     graph buckets (on a profile whose fixed cost per layer, 50 ms, graphs cut to nothing: the
-    plans pad what a bucket holds). Per run: per step (loss, layouts, the plan's graph tokens
-    per phase on this rank's replica), and the full weights (rank 0)."""
+    plans pad what a bucket holds). Per run: per step (loss, layouts, per phase the graph
+    tokens of this rank's replica's micro-batches as they ran: the plan's where the layout's
+    model runs them from the graphs, else 0), and the full weights (rank 0)."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
     fields = hardware(1 << 40).to_dict()
     fields["layer_overhead_seconds"] = 0.05
@@ -450,11 +451,14 @@ def train_graphed(rank, world, candidates, fixed_plan, home, buckets):
 
         def recorded(lengths):
             plan = planned(lengths)
-            plans.append([list(ph.graph_tokens[rt.groups[ph.layout.name].dp_rank]) for ph in plan.phases])
+            plans.append([(ph.layout.name, ph.recompute, list(ph.graph_tokens[rt.groups[ph.layout.name].dp_rank]))
+                          for ph in plan.phases])
             return plan
 
         rt._plan = recorded
         steps = [(r.loss, r.layouts) for r in (rt.train_step(batch(STEPS[i], i)) for i in (1, 2))]
+        ran = [[[b if b and rt._models[name].runs_graphed(b, mode) else 0 for b in tokens]
+                for name, mode, tokens in phases] for phases in plans]
         weights = rt.full_weights()  # collective
-        out[graphs] = ([s + (p,) for s, p in zip(steps, plans)], _numpy(weights) if rank == 0 else None)
+        out[graphs] = ([s + (p,) for s, p in zip(steps, ran)], _numpy(weights) if rank == 0 else None)
     return out
