@@ -11,9 +11,10 @@ included), on NCCL and on gloo alike (``all_gather_single`` / ``reduce_scatter_s
 their older names ``all_gather_into_tensor`` / ``reduce_scatter_tensor``). Under
 ``torch.compile`` (``torch.compiler.is_compiling()``) they are the functional collectives of
 ``torch.distributed._functional_collectives`` instead, which Dynamo traces into the graph: a
-compiled tensor-parallel layer is one graph, not one broken at every collective, and inductor
-places each collective's wait at the first use of its result, so the products between run
-beside it.
+compiled tensor-parallel layer is one graph, not one broken at every collective, so it can be
+captured in a CUDA graph. Each is waited for where it is issued (the tracer inserts the wait,
+and inductor's reordering passes are off): the compiled backward runs its collectives and
+products one after the other, where the eager one runs them side by side.
 
 ``gathered_linear`` joins the gather with the column-parallel matrix product that follows
 it, as Megatron-LM's sequence-parallel linear does: only this rank's slice stays for the
@@ -54,7 +55,7 @@ def all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
 def all_gather_rows(x: torch.Tensor, group, size: int, async_op: bool = False):
     """``[n, ...]`` on each rank -> ``[size * n, ...]``, the ranks' rows in group-rank order.
     With ``async_op``: ``(rows, work)``, the rows valid once ``work.wait()`` returns (``work``
-    None for no group, or under ``torch.compile``, where the wait is traced)."""
+    None for no group, or under ``torch.compile``, where the traced wait follows at once)."""
     if group is None:
         return (x, None) if async_op else x
     if torch.compiler.is_compiling():
@@ -70,7 +71,7 @@ def reduce_scatter_rows(x: torch.Tensor, group, size: int, index: int, async_op:
     """``[size * n, ...]`` summands on each rank -> rows ``[index * n, (index + 1) * n)`` of
     their sum (``index``: this rank's place in ``group``). With ``async_op``: ``(rows,
     work)``, the rows valid once ``work.wait()`` returns (``work`` None for no group, or
-    under ``torch.compile``, where the wait is traced)."""
+    under ``torch.compile``, where the traced wait follows at once)."""
     if group is None:
         return (x, None) if async_op else x
     if torch.compiler.is_compiling():

@@ -219,6 +219,24 @@ def _pair_of(layer: "TransformerLayer", x, delta, ctx, region):
 
 _graphed: Dict[str, Callable] = {}
 
+# Dynamo's recompile limit while models compile their layers: every layout's layers share one
+# compiled function (forward_pair's, graphed_pair's), and each layout adds its own variants of
+# it (its groups and shard shapes, the first layer and the others, each recomputation), so a
+# few layouts pass Dynamo's default of 8, after which the rest runs uncompiled.
+RECOMPILE_LIMIT = 64
+
+
+def _allow_recompiles() -> None:
+    """Raises Dynamo's recompile limit to ``RECOMPILE_LIMIT`` (never lowers it)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) < RECOMPILE_LIMIT:
+        _log.info("torch._dynamo.config.%s raised from %d to %d: every layout's layers share one compiled "
+                  "function", name, getattr(config, name), RECOMPILE_LIMIT)
+        setattr(config, name, RECOMPILE_LIMIT)
+
 
 def graphed_pair(device: torch.device) -> Callable:
     """``f(layer, x, delta, ctx, region) = layer.forward_pair(x, delta, ctx, region)`` over the
@@ -364,9 +382,12 @@ class ParallelTransformer(nn.Module):
     inductor fuses the element-wise steps, casts and residual sums itself and a layer's
     forward and backward each run as one compiled call. The fused steps then take the PyTorch
     path (``kernels`` must be None or ``"torch"``). At tp > 1 the collectives are traced as
-    functional collectives (``comm``), so the layer stays one graph and inductor places each
-    wait at the first use of its result. The first call compiles (tens of seconds); a new
-    layout compiles its own shapes.
+    functional collectives (``comm``), so the layer stays one graph; each is waited for where
+    it is issued (the eager backward's overlap with its products is not kept). The first call
+    compiles (tens of seconds); a new layout compiles its own shapes, and since every layout's
+    layers share one compiled function, building a model that compiles raises Dynamo's
+    recompile limit to at least ``RECOMPILE_LIMIT`` (8 by default: a few layouts times the
+    variants of a layer would pass it, and the rest would run uncompiled).
 
     ``graph_buckets``: token counts at which the layers run from CUDA graphs (layouts of one
     stage without context parallelism: pp and cp 1; at tp > 1 each bucket a multiple of tp, so
@@ -438,6 +459,8 @@ class ParallelTransformer(nn.Module):
                              f"None or 'torch', got {kernels!r}")
         self.graph_buckets = self._check_buckets(graph_buckets, config, layout)
         self.compile_layers = compile_layers
+        if compile_layers or self.graph_buckets:
+            _allow_recompiles()
         self._fuse_wgrad = True
         self.kernels = "torch" if compile_layers else select_fused(self.device, kernels)
         placement = _C.Placement(self.tensor_set, layout, "sharded")

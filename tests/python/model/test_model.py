@@ -495,6 +495,17 @@ def test_graph_buckets_pad_packs_and_train_as_the_unpadded_model(recompute, comp
         assert breaks == [], (rank, breaks)
 
 
+def test_models_that_compile_raise_the_recompile_limit_for_every_layouts_variants():
+    # Every layout's graphed layers share one compiled function, and each layout and
+    # recomputation adds its variants (the first layer and the others): 8 graphs here. Built
+    # under a limit of 2, the first model raises it to RECOMPILE_LIMIT, so none runs uncompiled.
+    from hotswitch.model.transformer import RECOMPILE_LIMIT
+
+    for limit, graphs in run_world(2, w.graphed_variants, timeout=600):
+        assert limit == RECOMPILE_LIMIT, limit
+        assert graphs == [2, 4, 6, 8], graphs
+
+
 def test_graph_buckets_and_graph_tokens_refuse_bad_values_and_change_nothing():
     *messages, unchanged = run_world(1, w.graph_bucket_errors, timeout=300)[0]
     bad_list = "graph_buckets must be a non-empty list of distinct token counts in [1, max_position_embeddings(128)]"

@@ -575,6 +575,30 @@ def graphed_layers_parity(rank, world, recompute, compute_dtype, layout_name="dp
     return out, breaks, skips
 
 
+def graphed_variants(rank, world):
+    """Dynamo's recompile limit set to 2, then graphed models of dp2 and tp2 under no and
+    selective recomputation, each run once: the limit after the first model is built, and the
+    compiled graphs counted after each run."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    dynamo = torch._dynamo.config
+    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo, name, 2)
+    counters = torch._dynamo.utils.counters
+    calls = batches(seed=21, step_lengths=[[[5, 11, 1], [31, 3]]])
+    limit, graphs = None, []
+    for layout_name in ("dp2", "tp2"):
+        layout = hs.Layout.parse(layout_name)
+        for recompute in ("none", "selective"):
+            model = hs.ParallelTransformer(config(), layout, hs.ParallelGroups(layout), seed=5, recompute=recompute,
+                                           kernels="torch", graph_buckets=[32, 64])
+            limit = getattr(dynamo, name) if limit is None else limit
+            model.forward_backward(calls[0], 1.0)
+            graphs.append(counters["stats"]["unique_graphs"])
+    return limit, graphs
+
+
 def graph_bucket_errors(rank, world):
     """The messages of bad graph buckets and graph tokens (world 1), and whether a refused
     call changed the gradients."""
