@@ -122,8 +122,9 @@
 //    tokens. Nobody else weighs the padding against the launches per micro-batch: systems
 //    that capture graphs pad every batch to one shape. Not modelled: a flash kernel's static
 //    pack launches blocks for every sequence slot up to its capacity and the whole pack's
-//    length (most of them exit at once), and the memory graphs keep (the capture's pool, and
-//    each layer's weight copies, kept while other layouts run).
+//    length (most of them exit at once), the memory graphs keep (the capture's pool, and
+//    each layer's weight copies, kept while other layouts run), and at tp > 1 the collectives'
+//    launches the graphs also save: every layout's saving per layer is the one fitted value.
 //
 // Memory per rank, for the stage that holds the most: parameters (param bytes) and gradients
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided

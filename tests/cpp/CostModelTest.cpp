@@ -526,6 +526,7 @@ TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
   EXPECT_EQ(oddPair.phase(Layout(1, 2, 1), {{{5, 3}}}).graphedMicroBatches, 0);
   EXPECT_FALSE(pair.terms(Layout(1, 1, 2)).graphs);
   EXPECT_FALSE(pair.terms(Layout(1, 1, 1, 2)).graphs);
+  EXPECT_FALSE(pair.terms(Layout(1, 2, 1), Recompute::kFull).graphs);
   EXPECT_FALSE(graphs.terms(dp, Recompute::kFull).graphs);
   EXPECT_TRUE(graphs.terms(dp, Recompute::kSelective).graphs);
 

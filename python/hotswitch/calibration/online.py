@@ -158,7 +158,8 @@ class OnlineCalibration:
                         b != 0 and (not graphs or b not in buckets or b < sum(micro))):
                     raise ValueError(f"graph_tokens[{r}][{k}] must be 0 or one of the graph buckets {list(buckets)} "
                                      f"holding the micro-batch's {sum(micro)} tokens under a layout that runs graphs "
-                                     f"({layout}, recompute {recompute!r}), got {b!r}")
+                                     f"(pp and cp 1, every bucket a multiple of tp, no full recomputation; here "
+                                     f"{layout}, recompute {recompute!r}), got {b!r}")
         return [[int(b) for b in row] for row in graph_tokens]
 
     def observe_graph_saving(self, layout, micro_batches: int, eager_s: float, graphed_s: float) -> None:
@@ -167,6 +168,9 @@ class OnlineCalibration:
         graphs saved the difference, the layers' fixed cost less theirs."""
         if not self.graphs:
             raise ValueError("observe_graph_saving needs graph buckets (OnlineCalibration(graphs=...))")
+        if not runs_graphs(layout, self.graphs["graph_buckets"]):
+            raise ValueError(f"observe_graph_saving: layout {layout} runs no CUDA graphs at the graph buckets "
+                             f"{list(self.graphs['graph_buckets'])} (pp and cp 1, every bucket a multiple of tp)")
         if eager_s > 0 and graphed_s > 0 and micro_batches >= 1:
             self.graph_savings.append((layout.name, (float(eager_s) - float(graphed_s)) / micro_batches))
 

@@ -8,6 +8,7 @@ import hotswitch as hs
 from hotswitch import _C
 from hotswitch.calibration import online
 from hotswitch.calibration.online import OnlineCalibration
+from hotswitch.model.config import runs_graphs
 from hotswitch.testing import scenarios as w
 
 BATCHES = [
@@ -136,9 +137,30 @@ def test_bad_graph_tokens_are_refused_and_observe_nothing():
         with pytest.raises(ValueError, match=match):
             cal.observe_phase(layout, batches if layout is dp4 else batches[:2], 0.1, recompute, graph_tokens=tokens)
     assert not cal.phases
+    with pytest.raises(ValueError, match=r"layout dp2pp2 runs no CUDA graphs at the graph buckets \[64, 128, 256\]"):
+        cal.observe_graph_saving(pp2, 1, 0.2, 0.1)
+    assert not cal.graph_savings
     cal.observe_phase(dp4, batches, 0.1, graph_tokens=[[128], [128], [256], [64]])
     cal.observe_phase(tp2, batches[:2], 0.1, graph_tokens=[[128], [128]])  # every bucket a multiple of 2
     assert len(cal.phases) == 2
+
+
+@pytest.mark.parametrize("buckets", [[64, 128, 256], [33, 64], [30, 64]])
+def test_the_model_and_the_cost_model_agree_on_which_layouts_run_graphs(buckets):
+    # runs_graphs (the model, the runtime, the calibration) against LayoutTerms.graphs (the
+    # planner): pp and cp 1, every bucket a multiple of tp, no full recomputation.
+    cfg = hs.TransformerConfig(**dict(w.TINY, num_query_groups=4))  # tp4 divides it
+    cost = hs.CostModel(cfg.cost_config(), _truth(), hs.Topology(8, 8), graph_buckets=buckets,
+                        graph_layer_overhead_seconds=4e-5)
+    seen = set()
+    for name in ("dp8", "dp4tp2", "dp2tp4", "dp4pp2", "dp4cp2", "tp2pp2cp2"):
+        layout = hs.Layout.parse(name)
+        for mode in ("none", "selective", "full"):
+            runs = runs_graphs(layout, buckets, mode)
+            assert cost.terms(layout, mode).graphs == runs, (name, mode, buckets)
+            seen.add(runs)
+    assert seen == {True, False}
+    assert not runs_graphs(hs.Layout.parse("dp8"), None) and not runs_graphs(hs.Layout.parse("dp8"), [])
 
 
 def test_a_phase_is_priced_with_the_graph_tokens_it_ran_with_and_bad_ones_are_refused():

@@ -473,7 +473,7 @@ def test_graph_buckets_pad_packs_and_train_as_the_unpadded_model(recompute, comp
     # norms' matrix inputs round differently). One compiled graph per variant of the layer
     # serves both calls' packs, and nothing breaks it: at tp2 too, where each rank runs its
     # sequence-parallel half of the padded pack and the layer's collectives are traced in the
-    # graph (at tp2 the 70-token pack is padded to an even 70 as without buckets).
+    # graph (at tp2 the 70-token pack runs as it is, with or without buckets).
     world = hs.Layout.parse(layout).world
     for rank, (out, breaks, _) in enumerate(run_world(world, w.graphed_layers_parity, recompute, compute_dtype,
                                                       layout, timeout=600)):

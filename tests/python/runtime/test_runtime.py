@@ -458,7 +458,9 @@ def test_graph_buckets_train_as_the_unpadded_runtime_across_switches(fixed, buck
     # RuntimeConfig.graph_buckets: the micro-batches that the plan pads to a bucket run from the
     # graphed layers, under dp2 and under the home tp2 alike (every bucket a multiple of 2),
     # where their attention is static here: packs of up to 64 tokens (at 8 heads, 4 per tp2
-    # rank). Trains as without buckets, fp32 within 1e-5.
+    # rank). In the first case tp2's phase holds the sequences over 60 tokens, whose packs
+    # (over 64) run as they are; in the second it holds the short ones. Trains as without
+    # buckets, fp32 within 1e-5.
     out = run_world(2, w.train_graphed, ["dp2", "tp2"], fixed, "tp2", buckets, timeout=600)
     (steps, weights), (ref_steps, ref_weights) = out[0][True], out[0][False]
     assert [s[1] for s in steps] == [s[1] for s in ref_steps]
