@@ -501,8 +501,8 @@ PYBIND11_MODULE(_C, m) {
                     "Of micro_batch_seconds, the cp collectives' latencies.")
       .def_readonly("cp", &LayoutTerms::cp)
       .def_readonly("graphs", &LayoutTerms::graphs,
-                    "Whether micro-batches may run from CUDA graphs (graph buckets given, each a multiple of tp; pp and "
-                    "cp 1; no full recomputation).")
+                    "Whether micro-batches may run from CUDA graphs (graph buckets given, each a multiple of tp; "
+                    "pp and cp 1; no full recomputation).")
       .def_readonly("graph_saved_seconds", &LayoutTerms::graphSavedSeconds,
                     "Per micro-batch run from CUDA graphs, the fixed cost it does not pay.")
       .def_property_readonly("recompute", [](const LayoutTerms& t) { return std::string(recomputeName(t.recompute)); })

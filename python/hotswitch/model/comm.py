@@ -40,7 +40,7 @@ __all__ = ["all_reduce", "all_gather_rows", "reduce_scatter_rows", "gather_from_
 # The single-tensor collectives under their current names, else the names they had.
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-# Their functional forms (a new tensor, waited for at its first use), under either name.
+# Their functional forms (a new tensor; traced with its wait), under either name.
 _traced_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 _traced_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 

@@ -392,11 +392,11 @@ class ParallelTransformer(nn.Module):
     ``graph_buckets``: token counts at which the layers run from CUDA graphs (layouts of one
     stage without context parallelism: pp and cp 1; at tp > 1 each bucket a multiple of tp, so
     a padded pack cuts into equal sequence-parallel slices, and the layer's collectives, traced
-    as functional collectives, are captured with it). A micro-batch given a bucket (``forward_backward``'s
-    ``graph_tokens``; by default the smallest bucket that holds it) is padded to it, and its
-    layers run through ``graphed_pair``: compiled, and on a CUDA device captured once per
-    layer and shape and replayed, so a layer's forward and backward cost a graph launch
-    instead of a launch per kernel, at the price of the padding's work. The planner weighs
+    as functional collectives, are captured with it). A micro-batch given a bucket
+    (``forward_backward``'s ``graph_tokens``; by default the smallest bucket that holds it) is
+    padded to it, and its layers run through ``graphed_pair``: compiled, and on a CUDA device
+    captured once per layer and shape and replayed, so a layer's forward and backward cost a
+    graph launch instead of a launch per kernel, at the price of the padding's work. The planner weighs
     the two per micro-batch (``CostOptions.graph_buckets``). A pack whose attention would run
     ``grouped`` (the mask kernels over their bound, on the CPU) runs as it is. Every weight of
     a layer then computes through a kept copy (``_make_compute_copies``), refreshed in place and
@@ -516,8 +516,9 @@ class ParallelTransformer(nn.Module):
                              f"parallelism (pp and cp 1), got layout {layout}")
         odd = [b for b in buckets if b % layout.tp]
         if odd:
-            raise ValueError(f"graph_buckets must be multiples of tp ({layout.tp}) under layout {layout}, so that a "
-                             f"padded pack cuts into equal sequence-parallel slices; got {odd[0]!r} in {list(buckets)!r}")
+            raise ValueError(f"graph_buckets must be multiples of tp ({layout.tp}) under layout {layout}, so that "
+                             f"a padded pack cuts into equal sequence-parallel slices; got {odd[0]!r} in "
+                             f"{list(buckets)!r}")
         return tuple(sorted(buckets))
 
     def graph_tokens(self, micro_batches: Sequence[MicroBatch]) -> List[int]:
