@@ -465,6 +465,7 @@ def test_graph_buckets_train_as_the_unpadded_runtime_across_switches(fixed, buck
     (steps, weights), (ref_steps, ref_weights) = out[0][True], out[0][False]
     assert [s[1] for s in steps] == [s[1] for s in ref_steps]
     assert any(len(s[1]) > 1 for s in steps), steps  # some step switched
+    assert all(len(s[1]) == len(s[2]) for rank in out for run in rank.values() for s in run[0])  # a call a phase
     ran = {layout for rank in out for s in rank[True][0] for layout, tokens in zip(s[1], s[2]) if any(tokens)}
     assert ran == graphed, steps
     assert all(not any(g) for rank in out for s in rank[False][0] for g in s[2])

@@ -433,32 +433,33 @@ def train_compiled(rank, world, candidates, fixed_plan, home):
 def train_graphed(rank, world, candidates, fixed_plan, home, buckets):
     """Two fp32 runs of two of STEPS under one fixed plan from ``home``, without and with
     graph buckets (on a profile whose fixed cost per layer, 50 ms, graphs cut to nothing: the
-    plans pad what a bucket holds). Per run: per step (loss, layouts, per phase the graph
-    tokens of this rank's replica's micro-batches as they ran: the plan's where the layout's
-    model runs them from the graphs, else 0), and the full weights (rank 0)."""
+    plans pad what a bucket holds). Per run: per step (loss, layouts, per phase the tokens of
+    this rank's replica's packs as the layers ran them: the bucket a pack was padded to where
+    it ran from the graphs, else 0), and the full weights (rank 0)."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
     fields = hardware(1 << 40).to_dict()
     fields["layer_overhead_seconds"] = 0.05
     profile = hs.HardwareProfile.from_dict(fields)
+    calls = []  # per forward_backward of the step: its packs as the layers ran them
+    contexts = hs.ParallelTransformer._contexts
+
+    def recorded(model, *args, **kwargs):
+        built = contexts(model, *args, **kwargs)
+        calls.append([ctx.num_tokens if ctx.graphed else 0 for ctx in built])
+        return built
+
+    hs.ParallelTransformer._contexts = recorded
     out = {}
     for graphs in (False, True):
         extra = dict(graph_buckets=buckets, graph_layer_overhead_seconds=0.0) if graphs else {}
         rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=profile, max_context=MAX_CONTEXT,
                         seed=7, recalibrate=False, fixed_plan=fixed_plan, **extra,
                         optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
-        plans = []
-        planned = rt._plan
-
-        def recorded(lengths):
-            plan = planned(lengths)
-            plans.append([(ph.layout.name, ph.recompute, list(ph.graph_tokens[rt.groups[ph.layout.name].dp_rank]))
-                          for ph in plan.phases])
-            return plan
-
-        rt._plan = recorded
-        steps = [(r.loss, r.layouts) for r in (rt.train_step(batch(STEPS[i], i)) for i in (1, 2))]
-        ran = [[[b if b and rt._models[name].runs_graphed(b, mode) else 0 for b in tokens]
-                for name, mode, tokens in phases] for phases in plans]
+        steps = []
+        for i in (1, 2):
+            calls.clear()
+            r = rt.train_step(batch(STEPS[i], i))
+            steps.append((r.loss, r.layouts, list(calls)))  # one call per phase
         weights = rt.full_weights()  # collective
-        out[graphs] = ([s + (p,) for s, p in zip(steps, ran)], _numpy(weights) if rank == 0 else None)
+        out[graphs] = (steps, _numpy(weights) if rank == 0 else None)
     return out
