@@ -553,7 +553,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
                        bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk,
                        std::map<std::string, double> layoutScale, std::vector<int64_t> graphBuckets,
-                       double graphLayerOverheadSeconds) {
+                       double graphLayerOverheadSeconds, double tpOverlap) {
              CostOptions o;
              o.graphBuckets = std::move(graphBuckets);
              o.graphLayerOverheadSeconds = graphLayerOverheadSeconds;
@@ -561,6 +561,7 @@ PYBIND11_MODULE(_C, m) {
              o.sequenceParallel = sequenceParallel;
              o.flashAttention = flashAttention;
              o.cpOverlap = cpOverlap;
+             o.tpOverlap = tpOverlap;
              o.cpMinChunk = cpMinChunk;
              o.layoutScale = std::move(layoutScale);
              return CostModel(model, hw, topo, o);
@@ -569,6 +570,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("sequence_parallel") = true, py::arg("flash_attention") = true, py::arg("cp_overlap") = 0.0,
            py::arg("cp_min_chunk") = 4, py::arg("layout_scale") = std::map<std::string, double>{},
            py::arg("graph_buckets") = std::vector<int64_t>{}, py::arg("graph_layer_overhead_seconds") = 0.0,
+           py::arg("tp_overlap") = 1.0,
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
            "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
@@ -578,7 +580,9 @@ PYBIND11_MODULE(_C, m) {
            "a multiple of tp) run from CUDA graphs, "
            "a micro-batch padded to the smallest that holds it when that costs less than its launches; "
            "graph_layer_overhead_seconds: the fixed seconds per layer of such a micro-batch (in place of the "
-           "profile's layer_overhead_seconds).")
+           "profile's layer_overhead_seconds). tp_overlap: the share of the backward's column-parallel "
+           "collectives (the input gathered again, the input gradient reduce-scattered) hidden behind their "
+           "products, in [0, 1] (1: this runtime's eager layers and Megatron-LM's; 0: its compiled layers).")
       .def_property_readonly("graph_buckets", [](const CostModel& c) { return c.options().graphBuckets; })
       .def_property_readonly("graph_layer_overhead_seconds",
                              [](const CostModel& c) { return c.options().graphLayerOverheadSeconds; })
@@ -596,6 +600,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("sequence_parallel", [](const CostModel& c) { return c.options().sequenceParallel; })
       .def_property_readonly("flash_attention", [](const CostModel& c) { return c.options().flashAttention; })
       .def_property_readonly("cp_overlap", [](const CostModel& c) { return c.options().cpOverlap; })
+      .def_property_readonly("tp_overlap", [](const CostModel& c) { return c.options().tpOverlap; })
       .def_property_readonly("cp_min_chunk", [](const CostModel& c) { return c.options().cpMinChunk; })
       .def("data_collective_seconds", &CostModel::dataCollectiveSeconds, py::arg("layout"), py::arg("bytes"),
            py::arg("all_reduce") = false,

@@ -174,6 +174,8 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
            options_.gradBytes);
   HS_CHECK(options_.cpOverlap >= 0 && options_.cpOverlap <= 1, "cp_overlap must be in [0, 1], got ",
            options_.cpOverlap);
+  HS_CHECK(options_.tpOverlap >= 0 && options_.tpOverlap <= 1, "tp_overlap must be in [0, 1], got ",
+           options_.tpOverlap);
   HS_CHECK(options_.cpMinChunk >= 1, "cp_min_chunk must be >= 1 token, got ", options_.cpMinChunk);
   HS_CHECK(options_.optimizerBytesPerParam >= 0, "optimizer_bytes_per_param must be >= 0, got ",
            options_.optimizerBytesPerParam);
@@ -388,7 +390,12 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   // 4. Tensor-parallel collectives (ring: tp - 1 steps, each a tp-th of the buffer).
   if (tp > 1) {
     const auto [bw, lat] = groupLink(layout, Axis::kTp);
-    const double collectives = full ? 12 : 8;  // per layer per micro-batch
+    // Per layer per micro-batch. Sequence parallelism: 2 all-gathers and 2 reduce-scatters
+    // forward; backward, each column-parallel product gathers its input again for its weight
+    // gradient and reduce-scatters its input gradient, each row-parallel one gathers its output
+    // gradient (6). Without: 2 all-reduces each way, each two collectives' traffic. The
+    // column-parallel products' 4 backward ones run beside their products: tpOverlap of them hides.
+    const double collectives = (sp ? 10 : 8) + (full ? 4 : 0) - 4.0 * options_.tpOverlap;
     out.alphaTp = layers * collectives * (t - 1) / t * h * b / bw;
     out.microBatchTpSeconds = layers * collectives * (t - 1) * lat;
     // The head's input gathered and its gradient scattered; three all-reduces of one fp32

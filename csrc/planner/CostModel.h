@@ -50,8 +50,17 @@
 //    intermediate ones f/t, q and k ones (h + kv)/t:
 //      T_ew = bytes * (b / 2) / M   (x 4/3 with recomputation)
 // 4. Tensor-parallel collectives (t > 1): with sequence parallelism each layer all-gathers
-//    its n x h input twice and reduce-scatters twice forward, as many backward (8, 12 with
-//    recomputation); without, 2 all-reduces forward and 2 backward (the same traffic). One
+//    its n x h input twice and reduce-scatters twice forward; backward, each column-parallel
+//    product gathers its input again (for its weight gradient) and reduce-scatters its input
+//    gradient, and each row-parallel one gathers its output gradient: 10, 14 with full
+//    recomputation (as Megatron-LM's sequence-parallel linear layers and ours run). Without,
+//    2 all-reduces forward and 2 backward, each two collectives' traffic: 8, 12. Of the
+//    backward's, the column-parallel products' (the input gathered again and the input
+//    gradient reduce-scattered, or without sequence parallelism its all-reduce: 4 collectives'
+//    traffic) run beside their products; `tpOverlap` of them hides (1, the default: all, as
+//    Megatron-LM's linear layers and this runtime's eager ones schedule them; 0: none, as
+//    this runtime's compiled layers wait for each collective where it is posted). So 6 (10,
+//    4, 8) are priced by default, 10 (14, 8, 12) at 0. One
 //    collective of B bytes over a group of t ranks (a ring, `collectiveSeconds`):
 //      (t - 1) * (B / t / bw + lat)        (an all-reduce twice that)
 //    Inside a node bw = intra-node bandwidth; a group across nodes with r ranks on each node
@@ -160,6 +169,7 @@ struct CostOptions {
   bool sequenceParallel = true;        // Megatron sequence parallelism when tp > 1
   bool flashAttention = true;          // the attention core keeps no per-token^2 activations
   double cpOverlap = 0;                // share of the cp K/V traffic hidden behind compute, in [0, 1]
+  double tpOverlap = 1;                // share of the backward's overlappable tp traffic hidden (4), in [0, 1]
   int64_t cpMinChunk = 4;              // tokens: shorter cp chunks keep the sequence whole (10)
   // Per layout (by Layout::name()): a factor on every time term of terms(), > 0 and finite;
   // layouts not listed keep 1. What a machine's measured phases say of one layout beyond

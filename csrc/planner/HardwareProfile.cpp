@@ -29,11 +29,13 @@ constexpr DataSheet kDataSheets[] = {
 // training on 8-32 H100 SXM (data/megatron_runs/runs.csv), made by
 //   python -m hotswitch.costmodel fit --runs data/megatron_runs/runs.csv --name h100
 // (base h100-datasheet, 8 drawn steps a packed run, seed 0; bounded least squares on log time,
-// python/hotswitch/calibration/runs.py), rounded to 4 digits. Peak FLOP/s, memory and memory
-// bandwidth stay the data sheet's. Memory efficiency and both link bandwidths end at their
-// upper bounds (the data sheet's figures) and the intra-node latency at 0: the runs spend less
-// time on memory traffic and communication than the model's bytes take at full speed, since
-// Megatron-LM overlaps part of them with computation, which the model does not represent.
+// python/hotswitch/calibration/runs.py; the tp backward's column-parallel collectives hidden,
+// CostOptions::tpOverlap 1, as Megatron-LM runs them), rounded to 4 digits. Peak FLOP/s,
+// memory and memory bandwidth stay the data sheet's. Product efficiency, memory efficiency and
+// both link bandwidths end at their upper bounds (0.9 and the data sheet's figures) and the
+// intra-node latency at 0: the runs spend less time on products, memory traffic and
+// communication than the model's FLOPs and bytes take at those rates, since Megatron-LM
+// overlaps more of them with computation than the model represents.
 struct Fit {
   double efficiency;
   double attentionEfficiency;
@@ -46,7 +48,7 @@ struct Fit {
   double layerOverheadSeconds;
   double stepOverheadSeconds;
 };
-constexpr Fit kH100Fit = {0.7686, 0.2254, 93.75, 1.0, 450e9, 0.0, 50e9, 271.4e-6, 2.735e-3, 1.317};
+constexpr Fit kH100Fit = {0.9, 0.2251, 2636.0, 1.0, 450e9, 0.0, 50e9, 378.0e-6, 2.717e-3, 1.327};
 
 const DataSheet& sheet(const char* name) {
   for (const DataSheet& d : kDataSheets) {

@@ -244,6 +244,13 @@ class RuntimeConfig:
         elif self.graph_layer_overhead_seconds is not None:
             raise ValueError(f"graph_layer_overhead_seconds ({self.graph_layer_overhead_seconds!r}) needs graph_buckets")
 
+    @property
+    def tp_overlap(self) -> float:
+        """The cost model's ``tp_overlap``: the share of the tp backward's column-parallel
+        collectives that hide behind their products. The eager layers run them beside the
+        products (1); compiled layers wait for each where it is posted (0)."""
+        return 0.0 if self.compile_layers else 1.0
+
     def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None) -> dict:
         """The cost model's keyword arguments for the CUDA graph buckets (none without), with
         ``graph_layer_overhead_seconds`` when given (a measured one), else this config's; left to

@@ -280,8 +280,8 @@ class Runtime:
         # The calibration's graph overhead is the given one, None when unknown (left to the probe).
         graphs = dict(self._graph_options(), graph_layer_overhead_seconds=s.graph_layer_overhead_seconds) \
             if self._graph_overhead is not None else {}
-        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero,
-                                             graphs=graphs) if s.recalibrate else None
+        self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero, graphs=graphs,
+                                             tp_overlap=s.tp_overlap) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._fits_applied = 0
         self._overhead_s = 0.0
@@ -298,9 +298,11 @@ class Runtime:
     def _cost_model(self, hardware) -> "_C.CostModel":
         """The planner's cost model of this runtime: its model and topology, ZeRO as set, cp
         chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
-        gathers K/V before its attention call)."""
+        gathers K/V before its attention call), the tp backward's overlap as its layers run
+        (``RuntimeConfig.tp_overlap``)."""
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
-                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(), **self._graph_options())
+                         cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(),
+                         tp_overlap=self.settings.tp_overlap, **self._graph_options())
 
     def _graph_options(self) -> dict:
         """The cost model's CUDA graph options: the settings' buckets, the current graph overhead."""

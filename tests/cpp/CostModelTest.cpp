@@ -86,11 +86,12 @@ TEST(CostModelTest, TermsByHand) {
   LayoutTerms tp = cost.terms(Layout(1, 2, 1));
   EXPECT_DOUBLE_EQ(tp.alphaCompute, one.alphaCompute / 2);
   EXPECT_DOUBLE_EQ(tp.beta, one.beta / 2);
-  // 8 collectives per layer, each (tp - 1) / tp of the token's 8 * 2 bytes at 1e3 B/s; the
-  // head's input gathered and its gradient scattered, and three all-reduces of 4 bytes.
+  // 6 collectives per layer (sequence parallelism: 10, the backward's 4 beside the products
+  // hidden), each (tp - 1) / tp of the token's 8 * 2 bytes at 1e3 B/s; the head's input
+  // gathered and its gradient scattered, and three all-reduces of 4 bytes.
   const double head = 2 * 0.5 * 8 * 2 / 1e3 + 3 * 2 * 0.5 * 4 / 1e3;
-  EXPECT_DOUBLE_EQ(tp.alphaTp, 2 * 8 * 0.5 * 8 * 2 / 1e3 + head);
-  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 8 * 1 * 1e-3 + (2 + 3 * 2) * 1e-3);
+  EXPECT_DOUBLE_EQ(tp.alphaTp, 2 * 6 * 0.5 * 8 * 2 / 1e3 + head);
+  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 6 * 1 * 1e-3 + (2 + 3 * 2) * 1e-3);
   EXPECT_DOUBLE_EQ(tp.microBatchSeconds, 2 * 0.25 + tp.microBatchTpSeconds);
   EXPECT_DOUBLE_EQ(tp.lastStageAlpha, one.lastStageAlpha / 2 + head);
 
@@ -361,6 +362,41 @@ TEST(CostModelTest, SequenceParallelismSplitsTheNormRegionAndStageTransfers) {
   EXPECT_DOUBLE_EQ(b.p2pPerToken, 4 * a.p2pPerToken);
   // tp == 1 has nothing to split.
   EXPECT_DOUBLE_EQ(with.terms(Layout(4, 1, 2)).alphaCompute, without.terms(Layout(4, 1, 2)).alphaCompute);
+}
+
+TEST(CostModelTest, TensorParallelCollectivesPerLayerFollowSequenceParallelismAndOverlap) {
+  // Per layer: 10 collectives under sequence parallelism (the backward gathers each
+  // column-parallel product's input again), 8 without (4 all-reduces); full recomputation
+  // runs the forward's 4 again. tpOverlap hides that share of the 4 the column-parallel
+  // products' backward runs beside them. The layers' latency terms, less the head's.
+  HardwareProfile hw = unitHardware();
+  hw.intraNodeLatency = 1e-3;
+  const Layout tp2(1, 2, 1);
+  auto perLayer = [&](bool sp, double overlap, Recompute r) {
+    CostOptions o;
+    o.sequenceParallel = sp;
+    o.tpOverlap = overlap;
+    const LayoutTerms terms = CostModel(tiny(), hw, Topology(2, 2), o).terms(tp2, r);
+    const double head = 2 * 0.5 * 8 * 2 / 1e3 + 3 * 2 * 0.5 * 4 / 1e3;
+    EXPECT_NEAR((terms.alphaTp - head) / (2 * 0.5 * 8 * 2 / 1e3),
+                (terms.microBatchTpSeconds - (2 + 3 * 2) * 1e-3) / (2 * 1e-3), 1e-9);
+    return (terms.microBatchTpSeconds - (2 + 3 * 2) * 1e-3) / (2 * 1e-3);
+  };
+  EXPECT_NEAR(perLayer(true, 0, Recompute::kNone), 10, 1e-9);
+  EXPECT_NEAR(perLayer(true, 0, Recompute::kSelective), 10, 1e-9);
+  EXPECT_NEAR(perLayer(true, 0, Recompute::kFull), 14, 1e-9);
+  EXPECT_NEAR(perLayer(false, 0, Recompute::kNone), 8, 1e-9);
+  EXPECT_NEAR(perLayer(false, 0, Recompute::kFull), 12, 1e-9);
+  EXPECT_NEAR(perLayer(true, 1, Recompute::kNone), 6, 1e-9);
+  EXPECT_NEAR(perLayer(true, 1, Recompute::kFull), 10, 1e-9);
+  EXPECT_NEAR(perLayer(false, 1, Recompute::kNone), 4, 1e-9);
+  EXPECT_NEAR(perLayer(true, 0.5, Recompute::kNone), 8, 1e-9);
+  EXPECT_DOUBLE_EQ(CostOptions{}.tpOverlap, 1.0);
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    CostOptions o;
+    o.tpOverlap = bad;
+    EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), o), InvalidArgument) << bad;
+  }
 }
 
 TEST(CostModelTest, CollectivesAcrossNodesSpreadOverTheGroupsNics) {

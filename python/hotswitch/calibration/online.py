@@ -115,11 +115,15 @@ class OnlineCalibration:
     cost model's CUDA graph options the phases ran under: ``graph_buckets``, and
     ``graph_layer_overhead_seconds``, None when unknown (the graphs then save nothing until a
     saving is observed); a phase observed with its ``graph_tokens`` is priced padded and graphed
-    as it ran."""
+    as it ran. ``tp_overlap``: the cost model's share of the tp backward's column-parallel
+    collectives hidden behind their products, as the layers ran (``RuntimeConfig.tp_overlap``)."""
 
     def __init__(self, model_config, topology, zero: bool, window: int = 64, ridge: float = 1e-3,
-                 graphs: Optional[dict] = None):
+                 graphs: Optional[dict] = None, tp_overlap: float = 1.0):
+        if isinstance(tp_overlap, bool) or not (isinstance(tp_overlap, (int, float)) and 0.0 <= tp_overlap <= 1.0):
+            raise ValueError(f"tp_overlap must be a share in [0, 1], got {tp_overlap!r}")
         self.graphs = dict(graphs or {})
+        self.tp_overlap = float(tp_overlap)
         self.model_config = model_config
         self.topology = topology
         self.zero = zero
@@ -219,7 +223,7 @@ class OnlineCalibration:
         if graphs:
             graphs["graph_layer_overhead_seconds"] = self._graph_overhead(fields, saving)
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
-                            layout_scale=layout_scale or {}, **graphs)
+                            layout_scale=layout_scale or {}, tp_overlap=self.tp_overlap, **graphs)
         out = []
         for layout, batches, _, recompute, tokens in self.phases:
             out.append(cost.phase(layout, batches, recompute=recompute, graph_tokens=tokens).run_seconds)

@@ -27,11 +27,11 @@ def _truth():
     return _C.HardwareProfile.from_dict(fields)
 
 
-def _calibration(truth):
+def _calibration(truth, tp_overlap=1.0):
     cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
     topology = hs.Topology(4, 4)
-    cal = OnlineCalibration(cfg, topology, zero=False)
-    cost = hs.CostModel(cfg, truth, topology)
+    cal = OnlineCalibration(cfg, topology, zero=False, tp_overlap=tp_overlap)
+    cost = hs.CostModel(cfg, truth, topology, tp_overlap=tp_overlap)
     for name, batches in BATCHES:
         layout = hs.Layout.parse(name)
         cal.observe_phase(layout, batches, cost.phase(layout, batches).run_seconds)
@@ -49,6 +49,30 @@ def test_fit_recovers_the_times_that_produced_the_observations():
     assert abs(fit.switch_scale - 3.0) < 1e-9 and abs(fit.overhead_s - 0.005) < 1e-12
     again = _calibration(_truth()).fit(w.hardware())
     assert again.hardware == fit.hardware  # deterministic
+
+
+def test_phases_are_priced_with_the_tp_overlap_the_layers_ran_with():
+    # Compiled layers hide none of the tp backward's collectives (tp_overlap 0): a calibration
+    # told so recovers the times as well as the default one does its own; one that prices the
+    # same phases with the eager overlap starts further off. Bad shares are refused.
+    truth = _truth()
+    fit = _calibration(truth, tp_overlap=0.0).fit(w.hardware())
+    assert fit.error_after < 0.02, fit
+    cal = _calibration(truth, tp_overlap=0.0)
+    fields = online._fields(truth)
+    assert np.allclose(cal._predict(fields), [p[2] for p in cal.phases], rtol=1e-12)
+    cal.tp_overlap = 1.0
+    off = cal._predict(fields) / np.array([p[2] for p in cal.phases])
+    names = [name for name, _ in BATCHES]
+    assert all((r < 1 - 1e-6) == ("tp" in n) for r, n in zip(off, names)), (names, off)
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
+    for bad in (-0.5, 1.5, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match=r"tp_overlap must be a share in \[0, 1\], got"):
+            OnlineCalibration(cfg, hs.Topology(4, 4), zero=False, tp_overlap=bad)
+    with pytest.raises(ValueError, match=r"tp_overlap must be in \[0, 1\], got 2"):
+        hs.CostModel(cfg, truth, hs.Topology(4, 4), tp_overlap=2.0)
+    assert hs.CostModel(cfg, truth, hs.Topology(4, 4)).tp_overlap == 1.0
+    assert hs.RuntimeConfig().tp_overlap == 1.0 and hs.RuntimeConfig(compile_layers=True).tp_overlap == 0.0
 
 
 GRAPH_BUCKETS = [64, 128, 256]

@@ -440,9 +440,11 @@ def test_switching_to_and_from_cp_layouts_within_a_step_equals_single_process(re
 def test_compiled_layers_train_as_the_eager_runtime_across_switches():
     # RuntimeConfig.compile_layers: every layout's model compiles its layers; the hot-switched
     # run (dp2 for short sequences, the home tp2 for the rest) trains as the eager one, fp32
-    # within 1e-5.
+    # within 1e-5. Its planner prices the tp backward's collectives unhidden, as the compiled
+    # layers run them.
     fixed = [[60, "dp2"], [256, "tp2"]]
     out = run_world(2, w.train_compiled, ["dp2", "tp2"], fixed, "tp2", timeout=900)
+    assert out[0]["tp_overlap"] == {False: 1.0, True: 0.0}
     (steps, weights), (ref_steps, ref_weights) = out[0][True], out[0][False]
     assert [s[1] for s in steps] == [s[1] for s in ref_steps]
     assert any(len(s[1]) > 1 for s in steps), steps  # some step switched

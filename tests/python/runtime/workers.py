@@ -417,7 +417,7 @@ def cp_cost_model_in_runtime(rank, world):
 def train_compiled(rank, world, candidates, fixed_plan, home):
     """Two fp32 runs of two of STEPS (the second and third: several phases each) under one
     fixed plan from ``home``, eager then with ``compile_layers``. Per run: per step (loss,
-    layouts), and the full weights (rank 0)."""
+    layouts), and the full weights (rank 0); under "tp_overlap", each run's planner's."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
     out = {}
     for compiled in (False, True):
@@ -427,6 +427,7 @@ def train_compiled(rank, world, candidates, fixed_plan, home):
         steps = [(r.loss, r.layouts) for r in (rt.train_step(batch(STEPS[i], i)) for i in (1, 2))]
         weights = rt.full_weights()
         out[compiled] = (steps, _numpy(weights) if rank == 0 else None)
+        out.setdefault("tp_overlap", {})[compiled] = rt.planner.cost.tp_overlap
     return out
 
 
