@@ -601,6 +601,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("flash_attention", [](const CostModel& c) { return c.options().flashAttention; })
       .def_property_readonly("cp_overlap", [](const CostModel& c) { return c.options().cpOverlap; })
       .def_property_readonly("tp_overlap", [](const CostModel& c) { return c.options().tpOverlap; })
+      .def_property_readonly("graph_copies_held_bytes",
+                             [](const CostModel& c) { return c.options().graphCopiesHeldBytes; },
+                             "Bytes every rank holds for the weight copies of the layouts that run CUDA graphs, in "
+                             "every layout's static memory (a Planner's cost model: summed over its candidates).")
+      .def("graph_copy_bytes", &CostModel::graphCopyBytes, py::arg("layout"),
+           "Bytes of the weight copies a rank of the layout keeps for its CUDA graphs (every layer weight of its "
+           "shard at param bytes); 0 for a layout that runs none.")
       .def_property_readonly("cp_min_chunk", [](const CostModel& c) { return c.options().cpMinChunk; })
       .def("data_collective_seconds", &CostModel::dataCollectiveSeconds, py::arg("layout"), py::arg("bytes"),
            py::arg("all_reduce") = false,

@@ -187,6 +187,8 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
     HS_CHECK(options_.graphBuckets[i] >= 1 && (i == 0 || options_.graphBuckets[i] > options_.graphBuckets[i - 1]),
              "graph_buckets must be ascending token counts >= 1, got ", options_.graphBuckets[i], " at index ", i);
   }
+  HS_CHECK(options_.graphCopiesHeldBytes >= 0, "graph_copies_held_bytes must be >= 0, got ",
+           options_.graphCopiesHeldBytes);
   HS_CHECK(std::isfinite(options_.graphLayerOverheadSeconds) && options_.graphLayerOverheadSeconds >= 0,
            "graph_layer_overhead_seconds must be finite and >= 0, got ", options_.graphLayerOverheadSeconds);
 }
@@ -228,7 +230,24 @@ int64_t CostModel::staticBytes(const Layout& layout) const {
   const int64_t params = static_cast<int64_t>(std::ceil(rankParams(layout)));
   int64_t optimizer = params * options_.optimizerBytesPerParam;
   if (options_.zero) optimizer = (optimizer + layout.dataSize() - 1) / layout.dataSize();
-  return params * (model_.paramBytes + options_.gradBytes) + optimizer;
+  return params * (model_.paramBytes + options_.gradBytes) + optimizer + options_.graphCopiesHeldBytes;
+}
+
+int64_t CostModel::graphCopyBytes(const Layout& layout) const {
+  const std::vector<int64_t>& buckets = options_.graphBuckets;
+  const int tp = layout.tp();
+  if (buckets.empty() || layout.pp() != 1 || layout.cp() != 1 ||
+      !std::all_of(buckets.begin(), buckets.end(), [tp](int64_t b) { return b % tp == 0; })) {
+    return 0;
+  }
+  const double params = static_cast<double>(model_.numLayers) * static_cast<double>(model_.layerParams()) / tp;
+  return static_cast<int64_t>(std::ceil(params)) * model_.paramBytes;
+}
+
+CostModel CostModel::withGraphCopiesHeld(int64_t bytes) const {
+  CostOptions options = options_;
+  options.graphCopiesHeldBytes = bytes;
+  return CostModel(model_, hardware_, topology_, options);
 }
 
 int64_t CostModel::activationBytesPerTokenLayer(const Layout& layout) const {

@@ -131,9 +131,12 @@
 //    tokens. Nobody else weighs the padding against the launches per micro-batch: systems
 //    that capture graphs pad every batch to one shape. Not modelled: a flash kernel's static
 //    pack launches blocks for every sequence slot up to its capacity and the whole pack's
-//    length (most of them exit at once), the memory graphs keep (the capture's pool, and
-//    each layer's weight copies, kept while other layouts run), and at tp > 1 the collectives'
-//    launches the graphs also save: every layout's saving per layer is the one fitted value.
+//    length (most of them exit at once), the capture's memory pool beyond the activations of
+//    B tokens, and at tp > 1 the collectives' launches the graphs also save: every layout's
+//    saving per layer is the one fitted value. The weight copies the graphs read (each layer
+//    weight of the rank's shard, at param bytes: graphCopyBytes), which a layout's model keeps
+//    while other layouts run, are held in every layout's memory: the Planner sums them over
+//    its candidates that run graphs (CostOptions::graphCopiesHeldBytes).
 //
 // Memory per rank, for the stage that holds the most: parameters (param bytes) and gradients
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided
@@ -180,6 +183,10 @@ struct CostOptions {
   // (>= 0, finite), in place of the profile's layerOverheadSeconds.
   std::vector<int64_t> graphBuckets;
   double graphLayerOverheadSeconds = 0;
+  // Bytes every rank holds for the weight copies the captured graphs read (graphCopyBytes of
+  // each layout that runs them, kept while other layouts run), in every layout's static
+  // memory. The Planner sets it from its candidates; >= 0.
+  int64_t graphCopiesHeldBytes = 0;
 };
 
 // One cp rank's part of a micro-batch (10 above): tokens, causal (query, key) pairs of its
@@ -278,8 +285,15 @@ class CostModel {
   double trainingFlops(int64_t seqLen) const;
   double trainingFlops(int64_t seqLen, Recompute recompute) const;
 
-  // Bytes of parameters, gradients and optimizer state on the fullest rank of the layout.
+  // Bytes of parameters, gradients and optimizer state on the fullest rank of the layout, and
+  // the graph copies held (CostOptions::graphCopiesHeldBytes).
   int64_t staticBytes(const Layout& layout) const;
+  // Bytes of the weight copies a rank of the layout keeps for its CUDA graphs (12): every
+  // layer weight of its shard at param bytes, whose addresses the graphs captured; 0 for a
+  // layout that runs no graphs (pp or cp > 1, a bucket not a multiple of tp, no buckets).
+  int64_t graphCopyBytes(const Layout& layout) const;
+  // The same model with `bytes` of graph copies held.
+  CostModel withGraphCopiesHeld(int64_t bytes) const;
   // Activation bytes one token keeps per layer on a rank of the layout (the first form: with
   // the model's recompute).
   int64_t activationBytesPerTokenLayer(const Layout& layout) const;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
+#include <string>
 
 #include "common/Check.h"
 #include "common/Logging.h"
@@ -117,6 +119,14 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
                recomputeName(options_.recompute[a]), "' twice");
     }
   }
+
+  // The graph copies of every candidate that runs graphs stay while the others run (12).
+  std::set<std::string> seen;
+  int64_t copies = 0;
+  for (const Layout& l : candidates_) {
+    if (seen.insert(l.name()).second) copies += cost_.graphCopyBytes(l);
+  }
+  if (copies != cost_.options().graphCopiesHeldBytes) cost_ = cost_.withGraphCopiesHeld(copies);
 
   const int variants = n * modes();
   homeVariant_ = home_ * modes();

@@ -228,11 +228,14 @@ class Runtime:
         longest = max(free.micro_batch_budget(i) for i in range(n))
         if longest < max_context:
             if longest == 0:
-                least = min(self.candidates, key=self.cost.static_bytes)
+                least = min(self.candidates, key=free.cost.static_bytes)
+                held = free.cost.graph_copies_held_bytes
+                copies = f" (with {held} bytes of the CUDA graphs' weight copies)" if held else ""
                 raise ValueError(
                     f"no candidate layout fits the model within {hardware.memory_bytes} bytes per rank: its weights, "
-                    f"gradients and optimizer state alone take {self.cost.static_bytes(least)} bytes per rank even "
-                    f"under {least.name}, the layout that shards them most; give more memory per rank or more ranks")
+                    f"gradients and optimizer state alone take {free.cost.static_bytes(least)} bytes per rank{copies} "
+                    f"even under {least.name}, the layout that shards them most; give more memory per rank or more "
+                    f"ranks")
             raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
         self.home = self._home(s.home, free)

@@ -574,6 +574,34 @@ TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
   EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), negative), InvalidArgument);
 }
 
+TEST(CostModelTest, GraphCopiesAreHeldInEveryLayoutsStaticMemory) {
+  // Each layer weight of a graphed layout's shard, at param bytes: tiny() has 2 layers of 640
+  // matrix and 2 * 8 norm parameters.
+  CostOptions options;
+  options.graphBuckets = {8, 64};
+  CostModel graphs(tiny(), unitHardware(), Topology(2, 2), options), plain(tiny(), unitHardware(), Topology(2, 2));
+  const int64_t bytes = tiny().paramBytes;
+  EXPECT_EQ(tiny().layerParams(), 640 + 2 * 8);
+  EXPECT_EQ(graphs.graphCopyBytes(Layout(2, 1, 1)), 2 * 656 * bytes);
+  EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 2, 1)), 2 * 656 / 2 * bytes);
+  EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 1, 2)), 0);     // two stages run no graphs
+  EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 1, 1, 2)), 0);  // nor does cp
+  EXPECT_EQ(plain.graphCopyBytes(Layout(2, 1, 1)), 0);
+  CostOptions odd = options;
+  odd.graphBuckets = {8, 63};
+  EXPECT_EQ(CostModel(tiny(), unitHardware(), Topology(2, 2), odd).graphCopyBytes(Layout(1, 2, 1)), 0);
+  // Held copies count in every layout's static memory and so in each phase's peak, graphed or not.
+  EXPECT_EQ(graphs.options().graphCopiesHeldBytes, 0);
+  const CostModel held = graphs.withGraphCopiesHeld(1000);
+  EXPECT_EQ(held.options().graphCopiesHeldBytes, 1000);
+  for (const Layout& l : {Layout(2, 1, 1), Layout(1, 2, 1), Layout(1, 1, 2)}) {
+    EXPECT_EQ(held.staticBytes(l), graphs.staticBytes(l) + 1000) << l.name();
+  }
+  const PhaseBatches batches{{{5}}, {{3}}};
+  EXPECT_EQ(held.phase(Layout(2, 1, 1), batches).peakBytes, graphs.phase(Layout(2, 1, 1), batches).peakBytes + 1000);
+  EXPECT_THROW(graphs.withGraphCopiesHeld(-1), InvalidArgument);
+}
+
 TEST(CostModelTest, APhaseIsPricedWithTheGraphBucketsItRanWith) {
   // How a phase that ran is priced again (online re-calibration): each micro-batch at the
   // graph bucket it ran padded to, whatever the model's own choice would be.
