@@ -505,6 +505,11 @@ PYBIND11_MODULE(_C, m) {
                     "pp and cp 1; no full recomputation).")
       .def_readonly("graph_saved_seconds", &LayoutTerms::graphSavedSeconds,
                     "Per micro-batch run from CUDA graphs, the fixed cost it does not pay.")
+      .def_readonly("graph_tp_alpha", &LayoutTerms::graphTpAlpha,
+                    "Per token of a micro-batch run from CUDA graphs at tp > 1: the tp traffic the eager layers "
+                    "hide (tp_overlap) and the compiled, graphed ones wait for.")
+      .def_readonly("graph_tp_micro_batch_seconds", &LayoutTerms::graphTpMicroBatchSeconds,
+                    "Per micro-batch run from CUDA graphs at tp > 1: those collectives' latencies.")
       .def_property_readonly("recompute", [](const LayoutTerms& t) { return std::string(recomputeName(t.recompute)); })
       .def_property_readonly("alpha", &LayoutTerms::alpha)
       .def("u", &LayoutTerms::u, py::arg("tokens"), "Critical-path seconds of one sequence on a stage.")
@@ -553,7 +558,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
                        bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk,
                        std::map<std::string, double> layoutScale, std::vector<int64_t> graphBuckets,
-                       double graphLayerOverheadSeconds, double tpOverlap) {
+                       double graphLayerOverheadSeconds, double tpOverlap, int64_t graphCopyParamBytes) {
              CostOptions o;
              o.graphBuckets = std::move(graphBuckets);
              o.graphLayerOverheadSeconds = graphLayerOverheadSeconds;
@@ -562,6 +567,7 @@ PYBIND11_MODULE(_C, m) {
              o.flashAttention = flashAttention;
              o.cpOverlap = cpOverlap;
              o.tpOverlap = tpOverlap;
+             o.graphCopyParamBytes = graphCopyParamBytes;
              o.cpMinChunk = cpMinChunk;
              o.layoutScale = std::move(layoutScale);
              return CostModel(model, hw, topo, o);
@@ -570,7 +576,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("sequence_parallel") = true, py::arg("flash_attention") = true, py::arg("cp_overlap") = 0.0,
            py::arg("cp_min_chunk") = 4, py::arg("layout_scale") = std::map<std::string, double>{},
            py::arg("graph_buckets") = std::vector<int64_t>{}, py::arg("graph_layer_overhead_seconds") = 0.0,
-           py::arg("tp_overlap") = 1.0,
+           py::arg("tp_overlap") = 1.0, py::arg("graph_copy_param_bytes") = 0,
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
            "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
@@ -582,7 +588,9 @@ PYBIND11_MODULE(_C, m) {
            "graph_layer_overhead_seconds: the fixed seconds per layer of such a micro-batch (in place of the "
            "profile's layer_overhead_seconds). tp_overlap: the share of the backward's column-parallel "
            "collectives (the input gathered again, the input gradient reduce-scattered) hidden behind their "
-           "products, in [0, 1] (1: this runtime's eager layers and Megatron-LM's; 0: its compiled layers).")
+           "products, in [0, 1] (1: this runtime's eager layers and Megatron-LM's; 0: its compiled layers; "
+           "graphed micro-batches always pay them). graph_copy_param_bytes: bytes per element of the matrix "
+           "weights' copies that CUDA graphs read (the compute dtype's; 0: the model's param_bytes).")
       .def_property_readonly("graph_buckets", [](const CostModel& c) { return c.options().graphBuckets; })
       .def_property_readonly("graph_layer_overhead_seconds",
                              [](const CostModel& c) { return c.options().graphLayerOverheadSeconds; })

@@ -187,6 +187,8 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
     HS_CHECK(options_.graphBuckets[i] >= 1 && (i == 0 || options_.graphBuckets[i] > options_.graphBuckets[i - 1]),
              "graph_buckets must be ascending token counts >= 1, got ", options_.graphBuckets[i], " at index ", i);
   }
+  HS_CHECK(options_.graphCopyParamBytes >= 0, "graph_copy_param_bytes must be >= 0 (0: the model's param "
+           "bytes), got ", options_.graphCopyParamBytes);
   HS_CHECK(options_.graphCopiesHeldBytes >= 0, "graph_copies_held_bytes must be >= 0, got ",
            options_.graphCopiesHeldBytes);
   HS_CHECK(std::isfinite(options_.graphLayerOverheadSeconds) && options_.graphLayerOverheadSeconds >= 0,
@@ -240,8 +242,12 @@ int64_t CostModel::graphCopyBytes(const Layout& layout) const {
       !std::all_of(buckets.begin(), buckets.end(), [tp](int64_t b) { return b % tp == 0; })) {
     return 0;
   }
-  const double params = static_cast<double>(model_.numLayers) * static_cast<double>(model_.layerParams()) / tp;
-  return static_cast<int64_t>(std::ceil(params)) * model_.paramBytes;
+  // The matrices of the rank's shard at the copies' bytes; the rest (norms) whole, as kept.
+  int64_t matrices = 0, whole = 0;
+  for (const auto& [k, n] : model_.layerMatrices(tp)) matrices += k * n;
+  for (const auto& [k, n] : model_.layerMatrices(1)) whole += k * n;
+  const int64_t bytes = options_.graphCopyParamBytes > 0 ? options_.graphCopyParamBytes : model_.paramBytes;
+  return model_.numLayers * (matrices * bytes + (model_.layerParams() - whole) * model_.paramBytes);
 }
 
 CostModel CostModel::withGraphCopiesHeld(int64_t bytes) const {
@@ -417,6 +423,10 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
     const double collectives = (sp ? 10 : 8) + (full ? 4 : 0) - 4.0 * options_.tpOverlap;
     out.alphaTp = layers * collectives * (t - 1) / t * h * b / bw;
     out.microBatchTpSeconds = layers * collectives * (t - 1) * lat;
+    if (out.graphs) {  // 12: graphed layers are compiled, and wait for each collective as posted
+      out.graphTpAlpha = layers * 4.0 * options_.tpOverlap * (t - 1) / t * h * b / bw;
+      out.graphTpMicroBatchSeconds = layers * 4.0 * options_.tpOverlap * (t - 1) * lat;
+    }
     // The head's input gathered and its gradient scattered; three all-reduces of one fp32
     // value per token in the loss.
     headTpToken = 2.0 * (t - 1) / t * h * b / bw + 3.0 * 2.0 * (t - 1) / t * 4.0 / bw;
@@ -459,7 +469,7 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
     for (double* term : {&out.alphaCompute, &out.alphaTp, &out.beta, &out.gamma, &out.microBatchSeconds,
                          &out.microBatchTpSeconds, &out.lastStageAlpha, &out.lastStageMicroBatchSeconds,
                          &out.p2pPerToken, &out.p2pLatency, &out.dpSeconds, &out.alphaCp, &out.microBatchCpSeconds,
-                         &out.graphSavedSeconds}) {
+                         &out.graphSavedSeconds, &out.graphTpAlpha, &out.graphTpMicroBatchSeconds}) {
       *term *= k;
     }
   }
@@ -555,13 +565,14 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
       auto [bucket, added] = graphChoice(t, n);
       if (graphTokens != nullptr) {  // as it ran
         bucket = (*graphTokens)[static_cast<size_t>(&replica - batches.data())][k];
-        added = bucket > 0 ? graphAdded(t, static_cast<double>(bucket) - n) : 0.0;
+        added = bucket > 0 ? graphAdded(t, n, static_cast<double>(bucket)) : 0.0;
       }
       if (bucket > 0) {  // 12: padded, from the graphs
         last[k] += added;
         tokens.back().first = bucket;
         tokens.back().second += (static_cast<double>(bucket) - n) * (static_cast<double>(bucket) - n);
         ++cost.graphedMicroBatches;
+        tpWork += t.graphTpAlpha * static_cast<double>(bucket) + t.graphTpMicroBatchSeconds;
       }
       const double middle = last[k] - t.lastStageAlpha * rankTokens - t.lastStageMicroBatchSeconds;
       work += last[k];
@@ -620,12 +631,14 @@ std::pair<int64_t, double> CostModel::graphChoice(const LayoutTerms& t, double t
   const auto it = std::lower_bound(buckets.begin(), buckets.end(), tokens,
                                    [](int64_t b, double n) { return static_cast<double>(b) < n; });
   if (it == buckets.end()) return {0, 0.0};
-  const double added = graphAdded(t, static_cast<double>(*it) - tokens);
+  const double added = graphAdded(t, tokens, static_cast<double>(*it));
   return added < 0 ? std::make_pair(*it, added) : std::make_pair(int64_t{0}, 0.0);
 }
 
-double CostModel::graphAdded(const LayoutTerms& t, double pad) {
-  return t.alpha() * pad + t.beta * pad * pad + (pad > 0 ? t.gamma : 0.0) - t.graphSavedSeconds;
+double CostModel::graphAdded(const LayoutTerms& t, double tokens, double bucket) {
+  const double pad = bucket - tokens;
+  return t.alpha() * pad + t.beta * pad * pad + (pad > 0 ? t.gamma : 0.0) - t.graphSavedSeconds +
+         t.graphTpAlpha * bucket + t.graphTpMicroBatchSeconds;
 }
 
 int64_t CostModel::graphTokens(const LayoutTerms& terms, const std::vector<int64_t>& lengths) const {

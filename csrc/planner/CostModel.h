@@ -126,7 +126,10 @@
 //    sequence of B - n tokens, so the micro-batch costs alpha (B - n) + beta (B - n)^2 + gamma
 //    more (gamma only when B > n), and each layer's fixed cost is graphLayerOverheadSeconds
 //    instead of the profile's layerOverheadSeconds (LayoutTerms::graphSavedSeconds per
-//    micro-batch, scaled as the layout's other terms). A micro-batch runs from the graphs when
+//    micro-batch, scaled as the layout's other terms). The graphed layers are compiled: at
+//    tp > 1 they wait for each collective where it is posted, so such a micro-batch also pays
+//    the tp traffic of its B tokens that tpOverlap hides in eager layers (graphTpAlpha per
+//    token, graphTpMicroBatchSeconds). A micro-batch runs from the graphs when
 //    that costs less than running it as it is (graphTokens); its activations are then of B
 //    tokens. Nobody else weighs the padding against the launches per micro-batch: systems
 //    that capture graphs pad every batch to one shape. Not modelled: a flash kernel's static
@@ -134,7 +137,7 @@
 //    length (most of them exit at once), the capture's memory pool beyond the activations of
 //    B tokens, and at tp > 1 the collectives' launches the graphs also save: every layout's
 //    saving per layer is the one fitted value. The weight copies the graphs read (each layer
-//    weight of the rank's shard, at param bytes: graphCopyBytes), which a layout's model keeps
+//    weight of the rank's shard, in the compute dtype: graphCopyBytes), which a layout's model keeps
 //    while other layouts run, are held in every layout's memory: the Planner sums them over
 //    its candidates that run graphs (CostOptions::graphCopiesHeldBytes).
 //
@@ -187,6 +190,9 @@ struct CostOptions {
   // each layout that runs them, kept while other layouts run), in every layout's static
   // memory. The Planner sets it from its candidates; >= 0.
   int64_t graphCopiesHeldBytes = 0;
+  // Bytes per element of the matrix weights' graph copies: the compute dtype's, where the
+  // parameters are kept wider (mixed precision); 0: the model's param bytes.
+  int64_t graphCopyParamBytes = 0;
 };
 
 // One cp rank's part of a micro-batch (10 above): tokens, causal (query, key) pairs of its
@@ -227,6 +233,10 @@ struct LayoutTerms {
   Recompute recompute = Recompute::kNone;  // what the terms (and the phase's memory) assume
   bool graphs = false;           // micro-batches may run from CUDA graphs (12)
   double graphSavedSeconds = 0;  // per micro-batch run from them: the fixed cost it does not pay
+  // Per token and per micro-batch run from them at tp > 1: the tp collectives that tpOverlap
+  // hides in eager layers and the compiled, graphed ones wait for (12).
+  double graphTpAlpha = 0;
+  double graphTpMicroBatchSeconds = 0;
 
   double alpha() const { return alphaCompute + alphaTp + alphaCp; }
   // Critical-path seconds of one sequence on the last stage.
@@ -288,9 +298,10 @@ class CostModel {
   // Bytes of parameters, gradients and optimizer state on the fullest rank of the layout, and
   // the graph copies held (CostOptions::graphCopiesHeldBytes).
   int64_t staticBytes(const Layout& layout) const;
-  // Bytes of the weight copies a rank of the layout keeps for its CUDA graphs (12): every
-  // layer weight of its shard at param bytes, whose addresses the graphs captured; 0 for a
-  // layout that runs no graphs (pp or cp > 1, a bucket not a multiple of tp, no buckets).
+  // Bytes of the weight copies a rank of the layout keeps for its CUDA graphs (12), whose
+  // addresses the graphs captured: every layer's matrices of its shard at
+  // CostOptions::graphCopyParamBytes, its norms whole at param bytes; 0 for a layout that runs
+  // no graphs (pp or cp > 1, a bucket not a multiple of tp, no buckets).
   int64_t graphCopyBytes(const Layout& layout) const;
   // The same model with `bytes` of graph copies held.
   CostModel withGraphCopiesHeld(int64_t bytes) const;
@@ -351,8 +362,9 @@ class CostModel {
   // graphTokens of a micro-batch of `tokens` tokens, and the seconds running it from the
   // graphs adds (< 0), or (0, 0).
   std::pair<int64_t, double> graphChoice(const LayoutTerms& terms, double tokens) const;
-  // The seconds a micro-batch padded by `pad` tokens and run from the graphs adds (12).
-  static double graphAdded(const LayoutTerms& terms, double pad);
+  // The seconds a micro-batch of `tokens` tokens padded to `bucket` and run from the graphs
+  // adds (12).
+  static double graphAdded(const LayoutTerms& terms, double tokens, double bucket);
   // The bandwidth and latency of a ring over the layout's groups along `axis` (4 above): inside
   // a node its links; across nodes the NICs of the group's ranks on each node.
   std::pair<double, double> groupLink(const Layout& layout, Axis axis) const;

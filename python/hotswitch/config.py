@@ -251,15 +251,21 @@ class RuntimeConfig:
         products (1); compiled layers wait for each where it is posted (0)."""
         return 0.0 if self.compile_layers else 1.0
 
-    def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None) -> dict:
+    def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None,
+                      model=None) -> dict:
         """The cost model's keyword arguments for the CUDA graph buckets (none without), with
         ``graph_layer_overhead_seconds`` when given (a measured one), else this config's; left to
-        the probe, ``hardware``'s layer overhead: the graphs save nothing until measured."""
+        the probe, ``hardware``'s layer overhead: the graphs save nothing until measured. With the
+        ``model`` (a ``TransformerConfig``) computing in a narrower ``compute_dtype``, the bytes of
+        the matrix copies the graphs read (``graph_copy_param_bytes``)."""
         if self.graph_buckets is None:
             return {}
         g = self.graph_layer_overhead_seconds if graph_layer_overhead_seconds is None else graph_layer_overhead_seconds
-        return dict(graph_buckets=sorted(self.graph_buckets),
-                    graph_layer_overhead_seconds=float(hardware.layer_overhead_seconds if g is None else g))
+        out = dict(graph_buckets=sorted(self.graph_buckets),
+                   graph_layer_overhead_seconds=float(hardware.layer_overhead_seconds if g is None else g))
+        if model is not None and model.compute_dtype is not None:
+            out["graph_copy_param_bytes"] = 2  # bfloat16 and float16
+        return out
 
     def digest_fields(self) -> tuple:
         """Every field as plain values (layouts by name, profiles by their fields), in field

@@ -308,8 +308,9 @@ class Runtime:
                          tp_overlap=self.settings.tp_overlap, **self._graph_options())
 
     def _graph_options(self) -> dict:
-        """The cost model's CUDA graph options: the settings' buckets, the current graph overhead."""
-        return self.settings.graph_options(self.hardware, self._graph_overhead)
+        """The cost model's CUDA graph options: the settings' buckets, the current graph overhead,
+        the bytes of the model's weight copies."""
+        return self.settings.graph_options(self.hardware, self._graph_overhead, self.config)
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
         """The graph buckets of ``layout``'s model: the settings' where the layout runs graphs

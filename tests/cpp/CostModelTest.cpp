@@ -546,14 +546,32 @@ TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
 
   // Graphs under tensor parallelism when every bucket is a multiple of tp (the padded pack
   // cuts into equal sequence-parallel slices), the same saving per layer; none across stages,
-  // under context parallelism or full recomputation.
-  CostModel pair(tiny(), hw, Topology(2, 2), options);
+  // under context parallelism or full recomputation. (With no tp traffic hidden in eager
+  // layers, tpOverlap 0, the graphed ones pay no more collectives.)
+  CostOptions serial = options;
+  serial.tpOverlap = 0;
+  CostModel pair(tiny(), hw, Topology(2, 2), serial);
   EXPECT_TRUE(pair.terms(Layout(2, 1, 1)).graphs);
   const LayoutTerms tp2 = pair.terms(Layout(1, 2, 1));
   EXPECT_TRUE(tp2.graphs);
   EXPECT_DOUBLE_EQ(tp2.graphSavedSeconds, 2 * (0.05 - 0.01));
+  EXPECT_EQ(tp2.graphTpAlpha, 0);
   EXPECT_EQ(pair.graphTokens(tp2, {5, 3}), 8);
   EXPECT_EQ(pair.phase(Layout(1, 2, 1), {{{5, 3}}}).graphedMicroBatches, 1);
+  // The graphed layers are compiled and hide nothing: where eager layers hide the column-
+  // parallel products' 4 backward collectives (tpOverlap 1), a graphed micro-batch pays them
+  // for its bucket's tokens (2 layers * 4 * (tp - 1) / tp * 8 * 2 bytes at 1e3 B/s), and so
+  // costs what it does at tpOverlap 0, while an eager one costs less.
+  CostModel hiding(tiny(), hw, Topology(2, 2), options);
+  const LayoutTerms tp2h = hiding.terms(Layout(1, 2, 1));
+  EXPECT_DOUBLE_EQ(tp2h.graphTpAlpha, 2 * 4 * 0.5 * 8 * 2 / 1e3);
+  EXPECT_DOUBLE_EQ(tp2h.alphaTp + tp2h.graphTpAlpha, tp2.alphaTp);
+  const std::vector<std::vector<int64_t>> graphed{{8}}, eager{{0}};
+  EXPECT_NEAR(hiding.phase(Layout(1, 2, 1), tp2h, {{{5, 3}}}, &graphed).totalSeconds,
+              pair.phase(Layout(1, 2, 1), tp2, {{{5, 3}}}, &graphed).totalSeconds, 1e-12);
+  EXPECT_LT(hiding.phase(Layout(1, 2, 1), tp2h, {{{5, 3}}}, &eager).totalSeconds,
+            pair.phase(Layout(1, 2, 1), tp2, {{{5, 3}}}, &eager).totalSeconds);
+  EXPECT_EQ(hiding.graphTokens(tp2h, {5, 3}), 0);  // 0.512 s more traffic than the 0.08 s saved
   CostOptions odd = options;
   odd.graphBuckets = {8, 63};
   CostModel oddPair(tiny(), hw, Topology(2, 2), odd);
@@ -575,15 +593,21 @@ TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
 }
 
 TEST(CostModelTest, GraphCopiesAreHeldInEveryLayoutsStaticMemory) {
-  // Each layer weight of a graphed layout's shard, at param bytes: tiny() has 2 layers of 640
-  // matrix and 2 * 8 norm parameters.
+  // Each layer's matrices of a graphed layout's shard at the copies' bytes (param bytes by
+  // default), its norms whole: tiny() has 2 layers of 640 matrix and 2 * 8 norm parameters.
   CostOptions options;
   options.graphBuckets = {8, 64};
   CostModel graphs(tiny(), unitHardware(), Topology(2, 2), options), plain(tiny(), unitHardware(), Topology(2, 2));
   const int64_t bytes = tiny().paramBytes;
   EXPECT_EQ(tiny().layerParams(), 640 + 2 * 8);
   EXPECT_EQ(graphs.graphCopyBytes(Layout(2, 1, 1)), 2 * 656 * bytes);
-  EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 2, 1)), 2 * 656 / 2 * bytes);
+  EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 2, 1)), 2 * (640 / 2 + 16) * bytes);
+  CostOptions narrow = options;
+  narrow.graphCopyParamBytes = 1;  // matrices copied narrower than the parameters are kept
+  EXPECT_EQ(CostModel(tiny(), unitHardware(), Topology(2, 2), narrow).graphCopyBytes(Layout(1, 2, 1)),
+            2 * (640 / 2 * 1 + 16 * bytes));
+  narrow.graphCopyParamBytes = -2;
+  EXPECT_THROW(CostModel(tiny(), unitHardware(), Topology(2, 2), narrow), InvalidArgument);
   EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 1, 2)), 0);     // two stages run no graphs
   EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 1, 1, 2)), 0);  // nor does cp
   EXPECT_EQ(plain.graphCopyBytes(Layout(2, 1, 1)), 0);

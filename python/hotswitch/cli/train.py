@@ -764,12 +764,13 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     else:
         n = len(candidates)
         probe = _C.Planner(_C.CostModel(model, hardware, topology, zero=settings.zero, tp_overlap=settings.tp_overlap,
-                                        **settings.graph_options(hardware)),
+                                        **settings.graph_options(hardware, model=config)),
                            candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **options)
         home = probe.plan([settings.max_context]).best_static_candidate
     planner = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
-                            graphs=settings.graph_options(hardware), tp_overlap=settings.tp_overlap, **options)
+                            graphs=settings.graph_options(hardware, model=config), tp_overlap=settings.tp_overlap,
+                            **options)
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
           f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
           flush=True)

@@ -36,13 +36,16 @@ def test_every_layout_holds_the_weight_copies_of_the_candidates_that_run_graphs(
     # Under graph buckets each layout that runs graphs keeps a copy of its layer weights whose
     # addresses the graphs captured, while the others run: the planner's cost model holds
     # them all in every layout's memory, so each micro-batch budget shrinks. LLaMA-7B at 2
-    # bytes a parameter: dp8 keeps 12.9 GB, dp4tp2 6.5 GB; tp2pp4 runs no graphs.
+    # bytes a parameter: dp8 keeps 12.9 GB, dp4tp2 half its matrices and its norms whole;
+    # tp2pp4 runs no graphs.
     model, hw, topology = hs.ModelConfig.preset("llama-7b"), hs.HardwareProfile.preset("a100"), hs.Topology(8, 8)
     layouts = [hs.Layout.parse(n) for n in ("dp8", "dp4tp2", "tp2pp4")]
     graphs = dict(graph_buckets=[4096, 8192], graph_layer_overhead_seconds=1e-4)
     cost = hs.CostModel(model, hw, topology, zero=True, **graphs)
     copies = [cost.graph_copy_bytes(l) for l in layouts]
-    assert copies[0] == model.num_layers * model.layer_params * 2 and copies[1] == copies[0] // 2
+    norms = 2 * model.hidden_size
+    assert copies[0] == model.num_layers * model.layer_params * 2
+    assert copies[1] == model.num_layers * ((model.layer_params - norms) // 2 + norms) * 2
     assert copies[2] == 0
     n = len(layouts)
     zeros = ([[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)

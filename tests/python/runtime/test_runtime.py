@@ -513,6 +513,16 @@ def test_graph_buckets_need_their_overhead_and_good_values():
     assert hs.RuntimeConfig(graph_buckets=[64], graph_layer_overhead_seconds=1e-4).graph_options(hw)[
         "graph_layer_overhead_seconds"] == 1e-4
     assert hs.RuntimeConfig().graph_options(hw) == {}
+    # fp32 parameters computing in bfloat16: the graphs' matrix copies are bfloat16, half of
+    # what the model's param bytes would count.
+    mixed = hs.TransformerConfig(**w.TINY, compute_dtype="bfloat16")
+    options = probed.graph_options(hw, model=mixed)
+    assert options["graph_copy_param_bytes"] == 2 and "graph_copy_param_bytes" not in probed.graph_options(
+        hw, model=hs.TransformerConfig(**w.TINY))
+    cost = mixed.cost_config()
+    narrow = hs.CostModel(cost, hw, hs.Topology(1, 1), **options)
+    wide = hs.CostModel(cost, hw, hs.Topology(1, 1), **probed.graph_options(hw))
+    assert 0 < narrow.graph_copy_bytes(hs.Layout.parse("dp1")) < wide.graph_copy_bytes(hs.Layout.parse("dp1"))
     with pytest.raises(ValueError, match="graph_buckets must be a non-empty list of distinct token counts >= 1"):
         hs.RuntimeConfig(graph_buckets=[64, 64], graph_layer_overhead_seconds=0.0)
     with pytest.raises(ValueError, match=r"graph_layer_overhead_seconds \(0.1\) needs graph_buckets"):
