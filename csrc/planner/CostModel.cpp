@@ -235,13 +235,16 @@ int64_t CostModel::staticBytes(const Layout& layout) const {
   return params * (model_.paramBytes + options_.gradBytes) + optimizer + options_.graphCopiesHeldBytes;
 }
 
-int64_t CostModel::graphCopyBytes(const Layout& layout) const {
+bool CostModel::layoutRunsGraphs(const Layout& layout) const {
   const std::vector<int64_t>& buckets = options_.graphBuckets;
   const int tp = layout.tp();
-  if (buckets.empty() || layout.pp() != 1 || layout.cp() != 1 ||
-      !std::all_of(buckets.begin(), buckets.end(), [tp](int64_t b) { return b % tp == 0; })) {
-    return 0;
-  }
+  return !buckets.empty() && layout.pp() == 1 && layout.cp() == 1 &&
+         std::all_of(buckets.begin(), buckets.end(), [tp](int64_t b) { return b % tp == 0; });
+}
+
+int64_t CostModel::graphCopyBytes(const Layout& layout) const {
+  if (!layoutRunsGraphs(layout)) return 0;
+  const int tp = layout.tp();
   // The matrices of the rank's shard at the copies' bytes; the rest (norms) whole, as kept.
   int64_t matrices = 0, whole = 0;
   for (const auto& [k, n] : model_.layerMatrices(tp)) matrices += k * n;
@@ -401,9 +404,7 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   out.microBatchSeconds = layers * (productMicroBatch + hardware_.layerOverheadSeconds);
   // 12. CUDA graphs: layouts of one stage and no cp that keep their activations, at tp > 1 when
   // every bucket divides into its sequence-parallel slices.
-  out.graphs = !options_.graphBuckets.empty() && pp == 1 && cp == 1 && !full &&
-               std::all_of(options_.graphBuckets.begin(), options_.graphBuckets.end(),
-                           [tp](int64_t bucket) { return bucket % tp == 0; });
+  out.graphs = !full && layoutRunsGraphs(layout);
   if (out.graphs) out.graphSavedSeconds = layers * (hardware_.layerOverheadSeconds - options_.graphLayerOverheadSeconds);
 
   // 6. The head and the loss, on the last stage.

@@ -359,6 +359,9 @@ class CostModel {
   double stepSeconds(const Layout& layout) const;
 
  private:
+  // Whether the layout's model runs graphs at any recomputation but full (12): graph
+  // buckets, one stage, no cp, every bucket a multiple of tp.
+  bool layoutRunsGraphs(const Layout& layout) const;
   // graphTokens of a micro-batch of `tokens` tokens, and the seconds running it from the
   // graphs adds (< 0), or (0, 0).
   std::pair<int64_t, double> graphChoice(const LayoutTerms& terms, double tokens) const;
