@@ -1023,7 +1023,7 @@ class Runtime:
                 if not any(graphed):
                     eager[key] = t
                 elif key in eager and all(b == sum(micro) for b, micro in zip(graphed, pack)):
-                    self.calibration.observe_graph_saving(layout, len(pack), eager[key], t)
+                    self.calibration.observe_graph_saving(layout, list(graphed), eager[key], t)
                 report.setdefault(layout.name, []).append(
                     f"{len(pack)}x{pack[0]} tokens{' from the graphs' if any(graphed) else ''} {1e3 * t:.1f} ms")
             self._measured.add(layout.name)

@@ -130,7 +130,8 @@ class OnlineCalibration:
         self.ridge = ridge
         self.phases: Deque[Tuple["_C.Layout", List[List[List[int]]], float, str, Optional[List[List[int]]]]] = \
             collections.deque(maxlen=window)
-        self.graph_savings: Deque[Tuple[str, float]] = collections.deque(maxlen=window)  # (layout, s per micro-batch)
+        # (layout, the graph bucket of each micro-batch of a replica, seconds saved)
+        self.graph_savings: Deque[Tuple["_C.Layout", List[int], float]] = collections.deque(maxlen=window)
         self.switches: Deque[Tuple[float, float]] = collections.deque(maxlen=window)
         self.overheads: Deque[float] = collections.deque(maxlen=window)
 
@@ -166,17 +167,25 @@ class OnlineCalibration:
                                      f"{layout}, recompute {recompute!r}), got {b!r}")
         return [[int(b) for b in row] for row in graph_tokens]
 
-    def observe_graph_saving(self, layout, micro_batches: int, eager_s: float, graphed_s: float) -> None:
-        """The same ``micro_batches`` micro-batches per replica under ``layout``, each filling a
-        graph bucket, ran ``eager_s`` seconds as they are and ``graphed_s`` from the graphs: the
-        graphs saved the difference, the layers' fixed cost less theirs."""
+    def observe_graph_saving(self, layout, graph_tokens: Sequence[int], eager_s: float, graphed_s: float) -> None:
+        """The same micro-batches per replica under ``layout``, micro-batch k filling the graph
+        bucket ``graph_tokens[k]``, ran ``eager_s`` seconds as they are and ``graphed_s`` from the
+        graphs. The difference is the layers' fixed cost less theirs, less what the graphs pay
+        more at tp > 1: the tp collectives the eager layers hide and the compiled, graphed ones
+        wait for (``LayoutTerms.graph_tp_alpha``), which the fit adds back under its profile
+        (``_layer_saving``) so that it is not counted twice."""
         if not self.graphs:
             raise ValueError("observe_graph_saving needs graph buckets (OnlineCalibration(graphs=...))")
-        if not runs_graphs(layout, self.graphs["graph_buckets"]):
+        buckets = list(self.graphs["graph_buckets"])
+        if not runs_graphs(layout, buckets):
             raise ValueError(f"observe_graph_saving: layout {layout} runs no CUDA graphs at the graph buckets "
-                             f"{list(self.graphs['graph_buckets'])} (pp and cp 1, every bucket a multiple of tp)")
-        if eager_s > 0 and graphed_s > 0 and micro_batches >= 1:
-            self.graph_savings.append((layout.name, (float(eager_s) - float(graphed_s)) / micro_batches))
+                             f"{buckets} (pp and cp 1, every bucket a multiple of tp)")
+        if (not isinstance(graph_tokens, (list, tuple)) or not graph_tokens or
+                any(isinstance(b, bool) or not isinstance(b, int) or b not in buckets for b in graph_tokens)):
+            raise ValueError(f"observe_graph_saving: graph_tokens must list the graph bucket of each micro-batch "
+                             f"of a replica, each one of {buckets}, got {graph_tokens!r}")
+        if eager_s > 0 and graphed_s > 0:
+            self.graph_savings.append((layout, [int(b) for b in graph_tokens], float(eager_s) - float(graphed_s)))
 
     def observe_switch(self, planned_s: float, measured_s: float) -> None:
         if planned_s > 0 and measured_s > 0:
@@ -208,13 +217,23 @@ class OnlineCalibration:
         given = self.graphs.get("graph_layer_overhead_seconds")
         return fields["layer_overhead_seconds"] if given is None else float(given)
 
-    def _layer_saving(self, layout_scale: Dict[str, float]) -> Optional[float]:
-        """The median saving per layer of the observed pairs, in the cost model's seconds
-        (a layout's factor scales its fixed costs too), or None without pairs."""
+    def _layer_saving(self, fields: dict, layout_scale: Dict[str, float]) -> Optional[float]:
+        """The median saving per layer of the observed pairs, in the cost model's seconds (a
+        layout's factor scales its fixed costs too), or None without pairs. Each pair's
+        difference gets back what its graphed run paid more for the tp collectives under
+        ``fields`` and ``layout_scale``, which the cost model prices apart."""
         if not self.graph_savings:
             return None
+        graphs = dict(self.graphs, graph_layer_overhead_seconds=fields["layer_overhead_seconds"])
+        cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
+                            layout_scale=layout_scale, tp_overlap=self.tp_overlap, **graphs)
         layers = self.model_config.num_layers
-        return float(np.median([s / (layers * layout_scale.get(n, 1.0)) for n, s in self.graph_savings]))
+        per_layer = []
+        for layout, tokens, seconds in self.graph_savings:
+            t = cost.terms(layout)
+            waited = t.graph_tp_alpha * sum(tokens) + t.graph_tp_micro_batch_seconds * len(tokens)
+            per_layer.append((seconds + waited) / (len(tokens) * layers * layout_scale.get(layout.name, 1.0)))
+        return float(np.median(per_layer))
 
     def _predict(self, fields: dict, layout_scale=None, saving: Optional[float] = None) -> np.ndarray:
         """Each observed phase's time under ``fields``, ``layout_scale`` and the graphs'
@@ -245,13 +264,13 @@ class OnlineCalibration:
         predicted = self._predict(base)  # before any saving is taken into account
         layout_scale: Dict[str, float] = {}
         # The graph overhead follows the layer overhead being fitted, less the saving.
-        saving = self._layer_saving(layout_scale)
+        saving = self._layer_saving(base, layout_scale)
         for _ in range(3):
             fields = self._fit_shared(base, measured, layout_scale, saving)
             if fields is None:
                 return None
             layout_scale = self._layout_scale(self._predict(fields, saving=saving), measured)
-            saving = self._layer_saving(layout_scale)
+            saving = self._layer_saving(fields, layout_scale)
         profile = _profile(fields)
         after = self._predict(fields, layout_scale, saving)
         return Fit(hardware=profile, switch_scale=self.switch_scale, overhead_s=self.overhead_s,

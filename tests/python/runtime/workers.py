@@ -117,7 +117,7 @@ def train_probing_graphs(rank, world, candidates, home, buckets):
     before = rt.calibration.graphs["graph_layer_overhead_seconds"]  # what the calibration started from
     observed = [(layout.name, tokens) for layout, _, _, _, tokens in rt.calibration.phases]
     seconds = [m for _, _, m, _, _ in rt.calibration.phases]
-    savings = [name for name, _ in rt.calibration.graph_savings]
+    savings = [layout.name for layout, _, _ in rt.calibration.graph_savings]
     after, model = rt._graph_overhead, rt.cost.graph_layer_overhead_seconds
     layer = rt.hardware.layer_overhead_seconds
     steps = []
