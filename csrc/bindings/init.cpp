@@ -510,6 +510,9 @@ PYBIND11_MODULE(_C, m) {
                     "hide (tp_overlap) and the compiled, graphed ones wait for.")
       .def_readonly("graph_tp_micro_batch_seconds", &LayoutTerms::graphTpMicroBatchSeconds,
                     "Per micro-batch run from CUDA graphs at tp > 1: those collectives' latencies.")
+      .def_readonly("graph_max_tokens", &LayoutTerms::graphMaxTokens,
+                    "The largest graph bucket whose attention is static under the layout (graph_max_scores), 0 "
+                    "when none is: larger micro-batches run as they are.")
       .def_property_readonly("recompute", [](const LayoutTerms& t) { return std::string(recomputeName(t.recompute)); })
       .def_property_readonly("alpha", &LayoutTerms::alpha)
       .def("u", &LayoutTerms::u, py::arg("tokens"), "Critical-path seconds of one sequence on a stage.")
@@ -558,8 +561,10 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const ModelConfig& model, const HardwareProfile& hw, const Topology& topo, bool zero,
                        bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk,
                        std::map<std::string, double> layoutScale, std::vector<int64_t> graphBuckets,
-                       double graphLayerOverheadSeconds, double tpOverlap, int64_t graphCopyParamBytes) {
+                       double graphLayerOverheadSeconds, double tpOverlap, int64_t graphCopyParamBytes,
+                       std::optional<int64_t> graphMaxScores) {
              CostOptions o;
+             o.graphMaxScores = graphMaxScores;
              o.graphBuckets = std::move(graphBuckets);
              o.graphLayerOverheadSeconds = graphLayerOverheadSeconds;
              o.zero = zero;
@@ -577,6 +582,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("cp_min_chunk") = 4, py::arg("layout_scale") = std::map<std::string, double>{},
            py::arg("graph_buckets") = std::vector<int64_t>{}, py::arg("graph_layer_overhead_seconds") = 0.0,
            py::arg("tp_overlap") = 1.0, py::arg("graph_copy_param_bytes") = 0,
+           py::arg("graph_max_scores") = py::none(),
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
            "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
@@ -590,8 +596,11 @@ PYBIND11_MODULE(_C, m) {
            "collectives (the input gathered again, the input gradient reduce-scattered) hidden behind their "
            "products, in [0, 1] (1: this runtime's eager layers and Megatron-LM's; 0: its compiled layers; "
            "graphed micro-batches always pay them). graph_copy_param_bytes: bytes per element of the matrix "
-           "weights' copies that CUDA graphs read (the compute dtype's; 0: the model's param_bytes).")
+           "weights' copies that CUDA graphs read (the compute dtype's; 0: the model's param_bytes). "
+           "graph_max_scores: the attention's bound on a static pack: a bucket runs from the graphs only where the "
+           "heads per rank * bucket^2 <= it (the mask kernels'; None: no bound, the flash and flex kernels).")
       .def_property_readonly("graph_buckets", [](const CostModel& c) { return c.options().graphBuckets; })
+      .def_property_readonly("graph_max_scores", [](const CostModel& c) { return c.options().graphMaxScores; })
       .def_property_readonly("graph_layer_overhead_seconds",
                              [](const CostModel& c) { return c.options().graphLayerOverheadSeconds; })
       .def("graph_tokens", [](const CostModel& c, const Layout& layout, const std::vector<int64_t>& lengths,

@@ -187,6 +187,8 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
     HS_CHECK(options_.graphBuckets[i] >= 1 && (i == 0 || options_.graphBuckets[i] > options_.graphBuckets[i - 1]),
              "graph_buckets must be ascending token counts >= 1, got ", options_.graphBuckets[i], " at index ", i);
   }
+  HS_CHECK(!options_.graphMaxScores || *options_.graphMaxScores >= 0, "graph_max_scores must be >= 0 or None "
+           "(no bound), got ", options_.graphMaxScores.value_or(0));
   HS_CHECK(options_.graphCopyParamBytes >= 0, "graph_copy_param_bytes must be >= 0 (0: the model's param "
            "bytes), got ", options_.graphCopyParamBytes);
   HS_CHECK(options_.graphCopiesHeldBytes >= 0, "graph_copies_held_bytes must be >= 0, got ",
@@ -405,7 +407,17 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
   // 12. CUDA graphs: layouts of one stage and no cp that keep their activations, at tp > 1 when
   // every bucket divides into its sequence-parallel slices.
   out.graphs = !full && layoutRunsGraphs(layout);
-  if (out.graphs) out.graphSavedSeconds = layers * (hardware_.layerOverheadSeconds - options_.graphLayerOverheadSeconds);
+  if (out.graphs) {
+    out.graphSavedSeconds = layers * (hardware_.layerOverheadSeconds - options_.graphLayerOverheadSeconds);
+    // The largest bucket whose attention is static: heads per rank * B^2 scores in one call.
+    const double heads = static_cast<double>(model_.numAttentionHeads / tp);
+    for (int64_t bucket : options_.graphBuckets) {
+      const double b = static_cast<double>(bucket);
+      if (!options_.graphMaxScores || heads * b * b <= static_cast<double>(*options_.graphMaxScores)) {
+        out.graphMaxTokens = bucket;
+      }
+    }
+  }
 
   // 6. The head and the loss, on the last stage.
   const double headToken = 3.0 * 2.0 * h * vocab / flops + memorySeconds(3.0 * b * (h + vocab)) +
@@ -510,6 +522,9 @@ PhaseCost CostModel::phase(const Layout& layout, const LayoutTerms& t, const Pha
                  " runs no CUDA graphs (graph buckets, each a multiple of tp; pp and cp 1; no full recomputation)");
         HS_CHECK(std::binary_search(buckets.begin(), buckets.end(), b) && b >= n, "graph_tokens[", r, "][", k,
                  "] is ", b, ", expected 0 or a graph bucket that holds the micro-batch's ", n, " tokens");
+        HS_CHECK(b <= t.graphMaxTokens, "graph_tokens[", r, "][", k, "] is ", b, " but ", layout.name(),
+                 "'s attention is static up to ", t.graphMaxTokens, " tokens (graph_max_scores ",
+                 *options_.graphMaxScores, ")");
       }
     }
   }
@@ -631,7 +646,7 @@ std::pair<int64_t, double> CostModel::graphChoice(const LayoutTerms& t, double t
   const auto& buckets = options_.graphBuckets;
   const auto it = std::lower_bound(buckets.begin(), buckets.end(), tokens,
                                    [](int64_t b, double n) { return static_cast<double>(b) < n; });
-  if (it == buckets.end()) return {0, 0.0};
+  if (it == buckets.end() || *it > t.graphMaxTokens) return {0, 0.0};
   const double added = graphAdded(t, tokens, static_cast<double>(*it));
   return added < 0 ? std::make_pair(*it, added) : std::make_pair(int64_t{0}, 0.0);
 }

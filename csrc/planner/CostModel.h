@@ -136,7 +136,9 @@
 //    pack launches blocks for every sequence slot up to its capacity and the whole pack's
 //    length (most of them exit at once), the capture's memory pool beyond the activations of
 //    B tokens, and at tp > 1 the collectives' launches the graphs also save: every layout's
-//    saving per layer is the one fitted value. The weight copies the graphs read (each layer
+//    saving per layer is the one fitted value. A bucket runs from the graphs only where the
+//    layout's attention is static at its size (graphMaxScores: the mask kernels hold at most
+//    that many scores in one call; LayoutTerms::graphMaxTokens). The weight copies the graphs read (each layer
 //    weight of the rank's shard, in the compute dtype: graphCopyBytes), which a layout's model keeps
 //    while other layouts run, are held in every layout's memory: the Planner sums them over
 //    its candidates that run graphs (CostOptions::graphCopiesHeldBytes).
@@ -157,6 +159,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -186,6 +189,11 @@ struct CostOptions {
   // (>= 0, finite), in place of the profile's layerOverheadSeconds.
   std::vector<int64_t> graphBuckets;
   double graphLayerOverheadSeconds = 0;
+  // The attention's bound on a static pack (12): a layout runs bucket B from the graphs only
+  // when its attention heads per rank * B^2 <= it (the mask kernels', whose scores one call
+  // holds; over it they fall back to a kernel per length, which no graph captures); >= 0.
+  // None: no bound (the flash and flex kernels).
+  std::optional<int64_t> graphMaxScores;
   // Bytes every rank holds for the weight copies the captured graphs read (graphCopyBytes of
   // each layout that runs them, kept while other layouts run), in every layout's static
   // memory. The Planner sets it from its candidates; >= 0.
@@ -237,6 +245,9 @@ struct LayoutTerms {
   // hides in eager layers and the compiled, graphed ones wait for (12).
   double graphTpAlpha = 0;
   double graphTpMicroBatchSeconds = 0;
+  // The largest graph bucket whose attention is static under the layout (12:
+  // CostOptions::graphMaxScores), 0 when none is; larger micro-batches run as they are.
+  int64_t graphMaxTokens = 0;
 
   double alpha() const { return alphaCompute + alphaTp + alphaCp; }
   // Critical-path seconds of one sequence on the last stage.

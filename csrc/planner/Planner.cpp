@@ -391,7 +391,7 @@ PlannedPhase Planner::makePhase(int candidate, std::vector<int> sequences, const
     const int64_t longest = *std::max_element(local.begin(), local.end());
     double best = cost_.phase(l, m.terms, packing.lengths(local)).totalSeconds;
     for (int64_t bucket : cost_.options().graphBuckets) {
-      if (bucket < longest || bucket >= m.budget) continue;
+      if (bucket < longest || bucket >= m.budget || bucket > m.terms.graphMaxTokens) continue;
       PackOptions aligned = options;
       aligned.maxTokensPerMicroBatch = bucket;
       Packing other = Packer::pack(local, l.dp(), aligned, u);

@@ -252,12 +252,14 @@ class RuntimeConfig:
         return 0.0 if self.compile_layers else 1.0
 
     def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None,
-                      model=None) -> dict:
+                      model=None, graph_max_scores: Optional[int] = None) -> dict:
         """The cost model's keyword arguments for the CUDA graph buckets (none without), with
         ``graph_layer_overhead_seconds`` when given (a measured one), else this config's; left to
         the probe, ``hardware``'s layer overhead: the graphs save nothing until measured. With the
         ``model`` (a ``TransformerConfig``) computing in a narrower ``compute_dtype``, the bytes of
-        the matrix copies the graphs read (``graph_copy_param_bytes``)."""
+        the matrix copies the graphs read (``graph_copy_param_bytes``). ``graph_max_scores``: the
+        attention kernel's bound on a static pack where it has one
+        (``PackAttention.max_static_scores``; None: every bucket's attention is static)."""
         if self.graph_buckets is None:
             return {}
         g = self.graph_layer_overhead_seconds if graph_layer_overhead_seconds is None else graph_layer_overhead_seconds
@@ -265,6 +267,8 @@ class RuntimeConfig:
                    graph_layer_overhead_seconds=float(hardware.layer_overhead_seconds if g is None else g))
         if model is not None and model.compute_dtype is not None:
             out["graph_copy_param_bytes"] = 2  # bfloat16 and float16
+        if graph_max_scores is not None:
+            out["graph_max_scores"] = int(graph_max_scores)
         return out
 
     def digest_fields(self) -> tuple:

@@ -38,7 +38,8 @@ from hotswitch.logging import get_logger
 from hotswitch.model.batch import MicroBatch
 from hotswitch.model.config import TransformerConfig, runs_graphs
 from hotswitch.model.context import CP_MIN_CHUNK
-from hotswitch.model.groups import ParallelGroups, global_ranks
+from hotswitch.model.attention import PackAttention, select_kernel
+from hotswitch.model.groups import ParallelGroups, backend_device, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
 from hotswitch.planner import (check_candidates, choose_home, fixed_plan_entries, load_fixed_plan, plan_choice,
                                redistribution_seconds, tensor_switch_costs, with_fixed_layouts)
@@ -199,6 +200,11 @@ class Runtime:
                                if spec.dtype != full.dtype}
         self._narrow_dtype = getattr(torch, config.compute_dtype or config.dtype)
         self._wide_dtype = getattr(torch, config.dtype)
+        # The attention's bound on a static pack, which caps the graph buckets the planner uses
+        # (the models' runs_graphed): its kernel is the one every model of this rank selects.
+        device = backend_device(group)
+        self._graph_max_scores = PackAttention.max_static_scores(
+            select_kernel(device, self._narrow_dtype, config.head_dim), device)
         self.max_context = max_context
         self.hooks = Hooks()
         self._stage = ""
@@ -309,8 +315,8 @@ class Runtime:
 
     def _graph_options(self) -> dict:
         """The cost model's CUDA graph options: the settings' buckets, the current graph overhead,
-        the bytes of the model's weight copies."""
-        return self.settings.graph_options(self.hardware, self._graph_overhead, self.config)
+        the bytes of the model's weight copies, the attention's bound on a static pack."""
+        return self.settings.graph_options(self.hardware, self._graph_overhead, self.config, self._graph_max_scores)
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
         """The graph buckets of ``layout``'s model: the settings' where the layout runs graphs

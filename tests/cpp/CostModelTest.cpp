@@ -592,6 +592,44 @@ TEST(CostModelTest, GraphBucketsWeighThePaddingAgainstTheLaunchesSaved) {
   EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), negative), InvalidArgument);
 }
 
+TEST(CostModelTest, GraphBucketsRunOnlyWhereTheAttentionIsStatic) {
+  // A mask kernel holds at most graphMaxScores scores (heads per rank * B^2) in one call:
+  // tiny() has 2 heads, so under 8,192 scores tp1 graphs 64 tokens (8,192) and no more, and
+  // tp2 (1 head) up to 64 as well but not 128 (16,384).
+  HardwareProfile hw = unitHardware();
+  hw.layerOverheadSeconds = 10.0;  // graphs that save this pay any padding
+  CostOptions options;
+  options.graphBuckets = {8, 64, 128};
+  options.graphMaxScores = 8192;
+  const CostModel bounded(tiny(), hw, Topology(2, 2), options);
+  options.graphMaxScores.reset();
+  const CostModel unbounded(tiny(), hw, Topology(2, 2), options);
+  const Layout dp(2, 1, 1), tp(1, 2, 1);
+  EXPECT_EQ(bounded.terms(dp).graphMaxTokens, 64);
+  EXPECT_EQ(bounded.terms(tp).graphMaxTokens, 64);
+  EXPECT_EQ(unbounded.terms(dp).graphMaxTokens, 128);
+  options.graphMaxScores = 16384;
+  EXPECT_EQ(CostModel(tiny(), hw, Topology(2, 2), options).terms(dp).graphMaxTokens, 64);
+  EXPECT_EQ(CostModel(tiny(), hw, Topology(2, 2), options).terms(tp).graphMaxTokens, 128);
+  options.graphMaxScores = 0;  // no pack is static: graphs are never chosen
+  const CostModel none(tiny(), hw, Topology(2, 2), options);
+  EXPECT_EQ(none.terms(dp).graphMaxTokens, 0);
+  EXPECT_EQ(none.graphTokens(none.terms(dp), {5}), 0);
+  // The choice: the smallest bucket holding the micro-batch, none when it is over the bound.
+  EXPECT_EQ(bounded.graphTokens(bounded.terms(dp), {60}), 64);
+  EXPECT_EQ(bounded.graphTokens(bounded.terms(dp), {100}), 0);
+  EXPECT_EQ(unbounded.graphTokens(unbounded.terms(dp), {100}), 128);
+  const PhaseBatches batches{{{100}}, {{60}}};
+  EXPECT_EQ(bounded.phase(dp, batches).graphedMicroBatches, 1);
+  EXPECT_EQ(unbounded.phase(dp, batches).graphedMicroBatches, 2);
+  // A phase cannot have run a bucket over the bound from the graphs; a negative bound is refused.
+  const std::vector<std::vector<int64_t>> ran{{128}, {64}};
+  EXPECT_THROW(bounded.phase(dp, bounded.terms(dp), batches, &ran), InvalidArgument);
+  EXPECT_NO_THROW(unbounded.phase(dp, unbounded.terms(dp), batches, &ran));
+  options.graphMaxScores = -1;
+  EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), options), InvalidArgument);
+}
+
 TEST(CostModelTest, GraphCopiesAreHeldInEveryLayoutsStaticMemory) {
   // Each layer's matrices of a graphed layout's shard at the copies' bytes (param bytes by
   // default), its norms whole: tiny() has 2 layers of 640 matrix and 2 * 8 norm parameters.

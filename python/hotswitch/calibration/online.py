@@ -160,12 +160,22 @@ class OnlineCalibration:
         for r, (replica, row) in enumerate(zip(batches, graph_tokens)):
             for k, (micro, b) in enumerate(zip(replica, row)):
                 if isinstance(b, bool) or not isinstance(b, int) or (
-                        b != 0 and (not graphs or b not in buckets or b < sum(micro))):
+                        b != 0 and (not graphs or not self._static(layout, b) or b < sum(micro))):
                     raise ValueError(f"graph_tokens[{r}][{k}] must be 0 or one of the graph buckets {list(buckets)} "
                                      f"holding the micro-batch's {sum(micro)} tokens under a layout that runs graphs "
                                      f"(pp and cp 1, every bucket a multiple of tp, no full recomputation; here "
-                                     f"{layout}, recompute {recompute!r}), got {b!r}")
+                                     f"{layout}, recompute {recompute!r}) with its attention static at that size "
+                                     f"(heads per rank * tokens^2 <= graph_max_scores "
+                                     f"{self.graphs.get('graph_max_scores')}), got {b!r}")
         return [[int(b) for b in row] for row in graph_tokens]
+
+    def _static(self, layout, bucket: int) -> bool:
+        """Whether ``bucket`` is a graph bucket whose attention is static under ``layout``: its
+        heads per rank * bucket^2 within ``graph_max_scores`` where there is one (the cost
+        model's ``LayoutTerms.graph_max_tokens``)."""
+        bound = self.graphs.get("graph_max_scores")
+        heads = self.model_config.num_attention_heads // layout.tp
+        return bucket in self.graphs.get("graph_buckets", []) and (bound is None or heads * bucket * bucket <= bound)
 
     def observe_graph_saving(self, layout, graph_tokens: Sequence[int], eager_s: float, graphed_s: float) -> None:
         """The same micro-batches per replica under ``layout``, micro-batch k filling the graph
@@ -181,9 +191,11 @@ class OnlineCalibration:
             raise ValueError(f"observe_graph_saving: layout {layout} runs no CUDA graphs at the graph buckets "
                              f"{buckets} (pp and cp 1, every bucket a multiple of tp)")
         if (not isinstance(graph_tokens, (list, tuple)) or not graph_tokens or
-                any(isinstance(b, bool) or not isinstance(b, int) or b not in buckets for b in graph_tokens)):
+                any(isinstance(b, bool) or not isinstance(b, int) or not self._static(layout, b) for b in graph_tokens)):
             raise ValueError(f"observe_graph_saving: graph_tokens must list the graph bucket of each micro-batch "
-                             f"of a replica, each one of {buckets}, got {graph_tokens!r}")
+                             f"of a replica, each one of {buckets} with {layout}'s attention static at that size "
+                             f"(heads per rank * tokens^2 <= graph_max_scores {self.graphs.get('graph_max_scores')}), "
+                             f"got {graph_tokens!r}")
         if eager_s > 0 and graphed_s > 0:
             self.graph_savings.append((layout, [int(b) for b in graph_tokens], float(eager_s) - float(graphed_s)))
 

@@ -416,12 +416,21 @@ class PackAttention:
                     self.blocked = ~allowed
 
     @staticmethod
-    def runs_static(kernel: str, heads: int, tokens: int, device: torch.device) -> bool:
-        """Whether a pack of ``tokens`` tokens for ``kernel`` can be static: every kernel but
-        ``grouped``, which the mask kernels fall back to over their bound."""
+    def max_static_scores(kernel: str, device: torch.device) -> Optional[int]:
+        """The most scores (heads * tokens^2) of a pack that ``kernel`` runs static on
+        ``device``: the mask kernels' bound, over which they fall back to ``grouped``; 0 for
+        ``grouped``, which runs no pack static; None for the rest, which run every pack static
+        (the cost model's ``graph_max_scores``)."""
         if kernel in ("sdpa", "masked"):
-            return heads * tokens * tokens <= _max_scores(torch.device(device))
-        return kernel != "grouped"
+            return _max_scores(torch.device(device))
+        return 0 if kernel == "grouped" else None
+
+    @staticmethod
+    def runs_static(kernel: str, heads: int, tokens: int, device: torch.device) -> bool:
+        """Whether a pack of ``tokens`` tokens for ``kernel`` with ``heads`` heads can be static
+        (``max_static_scores``)."""
+        bound = PackAttention.max_static_scores(kernel, device)
+        return bound is None or heads * tokens * tokens <= bound
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q`` ``[T, hq, d]``, ``k``/``v`` ``[T, hkv, d]`` with ``hq`` a multiple of ``hkv``

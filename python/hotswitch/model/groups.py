@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hotswitch import _C
 from hotswitch.logging import get_logger
 
-__all__ = ["ParallelGroups", "global_ranks"]
+__all__ = ["ParallelGroups", "backend_device", "global_ranks"]
 
 _log = get_logger("model")
 # (base group, global ranks) -> process group. Every rank makes every group of a layout in
@@ -23,6 +23,14 @@ def global_ranks(group) -> List[int]:
     if group is None or group is dist.group.WORLD:
         return list(range(dist.get_world_size()))
     return list(dist.get_process_group_ranks(group))
+
+
+def backend_device(group) -> torch.device:
+    """The device a rank of ``group`` computes on: its current CUDA device under NCCL, else
+    the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _new_group(base, ranks: Tuple[int, ...], backend: str, timeout: float):
@@ -93,8 +101,7 @@ class ParallelGroups:
         self.rank = rank
         self.world = world
         self.backend = dist.get_backend(base)
-        self.device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
-                       else torch.device("cpu"))
+        self.device = backend_device(base)
         self.coord = dict(layout.coord(rank))
         self.tp_rank, self.pp_rank, self.dp_rank = self.coord["tp"], self.coord["pp"], self.coord["dp"]
         self.cp_rank = self.coord["cp"]

@@ -3,6 +3,7 @@ produced them, and is deterministic."""
 
 import numpy as np
 import pytest
+import torch
 
 import hotswitch as hs
 from hotswitch import _C
@@ -215,6 +216,51 @@ def test_the_model_and_the_cost_model_agree_on_which_layouts_run_graphs(buckets)
             seen.add(runs)
     assert seen == {True, False}
     assert not runs_graphs(hs.Layout.parse("dp8"), None) and not runs_graphs(hs.Layout.parse("dp8"), [])
+
+
+def test_the_attentions_bound_on_a_static_pack_caps_the_buckets_that_run_graphs():
+    # The mask kernels hold at most graph_max_scores scores (heads per rank * tokens^2) in one
+    # call and run larger packs per length, which no graph captures: the model runs such a
+    # bucket as it is (runs_graphed), and the cost model neither chooses it nor takes it as run.
+    from hotswitch.model.attention import PackAttention
+    cfg = hs.TransformerConfig(**dict(w.TINY, num_query_groups=4)).cost_config()
+    cpu = torch.device("cpu")
+    bound = PackAttention.max_static_scores("sdpa", cpu)
+    assert bound == 1 << 15 and PackAttention.max_static_scores("flex", cpu) is None
+    assert PackAttention.max_static_scores("grouped", cpu) == 0
+    buckets = [64, 128, 256]
+    fields = _truth().to_dict()
+    fields["layer_overhead_seconds"] = 0.1  # graphs that save this pay any padding
+    slow = hs.HardwareProfile.from_dict(fields)
+    for scores, kernel in ((bound, "sdpa"), (None, "flex"), (0, "grouped")):
+        cost = hs.CostModel(cfg, slow, hs.Topology(4, 4), graph_buckets=buckets,
+                            graph_layer_overhead_seconds=0.0, graph_max_scores=scores)
+        assert cost.graph_max_scores == scores
+        for name in ("dp4", "dp2tp2", "tp4"):
+            layout = hs.Layout.parse(name)
+            static = [b for b in buckets if PackAttention.runs_static(kernel, 4 // layout.tp, b, cpu)]
+            assert cost.terms(layout).graph_max_tokens == max(static, default=0), (kernel, name)
+            # With the graphs free, every micro-batch that a static bucket holds runs from it.
+            for n in (60, 100, 200):
+                chosen = cost.graph_tokens(layout, [n])
+                assert chosen == min([b for b in static if b >= n], default=0), (kernel, name, n, chosen)
+    # At tp1, 4 heads: 64 tokens are static (16,384 scores), 128 are not (65,536).
+    cost = hs.CostModel(cfg, _truth(), hs.Topology(4, 4), graph_buckets=buckets, graph_layer_overhead_seconds=0.0,
+                        graph_max_scores=bound)
+    dp4 = hs.Layout.parse("dp4")
+    with pytest.raises(ValueError, match=r"graph_tokens\[0\]\[0\] is 128 but dp4's attention is static up to 64 "
+                                         r"tokens \(graph_max_scores 32768\)"):
+        cost.phase(dp4, [[[100]]] * 4, graph_tokens=[[128]] * 4)
+    cal = OnlineCalibration(cfg, hs.Topology(4, 4), zero=False, graphs=dict(
+        graph_buckets=buckets, graph_layer_overhead_seconds=None, graph_max_scores=bound))
+    with pytest.raises(ValueError, match=r"attention static at that size .*graph_max_scores 32768\), got 128"):
+        cal.observe_phase(dp4, [[[100]]] * 4, 0.1, graph_tokens=[[128]] * 4)
+    with pytest.raises(ValueError, match=r"each one of \[64, 128, 256\] with dp4's attention static"):
+        cal.observe_graph_saving(dp4, [128], 0.2, 0.1)
+    assert not cal.phases and not cal.graph_savings
+    cal.observe_phase(hs.Layout.parse("dp2tp2"), [[[100]]] * 2, 0.1, graph_tokens=[[128]] * 2)  # 2 heads per rank
+    with pytest.raises(ValueError, match=r"graph_max_scores must be >= 0 or None \(no bound\), got -1"):
+        hs.CostModel(cfg, _truth(), hs.Topology(4, 4), graph_buckets=buckets, graph_max_scores=-1)
 
 
 def test_a_phase_is_priced_with_the_graph_tokens_it_ran_with_and_bad_ones_are_refused():
