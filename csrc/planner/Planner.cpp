@@ -551,12 +551,16 @@ void Planner::finish(StepPlan& out, const std::vector<std::vector<int>>& perLayo
 
   // The estimate chose the phases; the exact packing decides whether they beat the whole
   // step in one phase under the home layout or the best static layout by minGain.
+  // When the program's plan is one of those single phases already, it needs no margin over
+  // the other: the two are compared as they are, and the faster one runs.
   out.programPlanSeconds = out.totalSeconds;
   int alternative = -1;
+  bool programIsOnePhase = false;
   for (int l : {home_, bestStatic}) {
     if (!fallback || l < 0 || models_[l].budget < longest) continue;
     if (out.phases.size() == 1 && out.phases[0].candidate == layoutOf(l) &&
         out.phases[0].recompute == models_[l].recompute) {
+      programIsOnePhase = true;
       continue;  // the program's plan is this one phase already
     }
     const PlannedPhase& single = wholeStep(l);
@@ -566,7 +570,8 @@ void Planner::finish(StepPlan& out, const std::vector<std::vector<int>>& perLayo
       out.onePhaseSeconds = total;
     }
   }
-  if (alternative >= 0 && out.programPlanSeconds * (1 + options_.minGain) > out.onePhaseSeconds) {
+  const double margin = programIsOnePhase ? 0.0 : options_.minGain;
+  if (alternative >= 0 && out.programPlanSeconds * (1 + margin) > out.onePhaseSeconds) {
     assemble({wholeStep(alternative)},
              alternative == home_ ? 0.0 : sw[home_][alternative] + sw[alternative][home_]);
     out.singlePhaseFallback = true;

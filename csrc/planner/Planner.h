@@ -65,7 +65,8 @@
 // Last, by those exact times, the plan is compared with running the whole step as one phase
 // under the home layout or under the best static layout (switched into from home and back),
 // and the program's plan is kept only when it is predicted faster than the better of the two
-// by at least `minGain` (singlePhaseFallback otherwise; off with exactFallback = false): the
+// by at least `minGain` (singlePhaseFallback otherwise; off with exactFallback = false; a
+// program's plan that is one of those two single phases is compared with the other as it is): the
 // estimate decides the buckets, never at a predicted loss, or a gain within the model's error,
 // against the layouts a user would otherwise run. StepPlan::programPlanSeconds and
 // onePhaseSeconds give both sides of that choice.

@@ -5,11 +5,11 @@ prediction of the cost model, never a measurement.
 
 import random
 import time
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from hotswitch import _C
 
-__all__ = ["padded_static_seconds", "simulate", "simulate_moving_home", "switch_share"]
+__all__ = ["padded_static_seconds", "simulate", "simulate_moving_home", "static_run_seconds", "switch_share"]
 
 
 def padded_static_seconds(planner: "_C.Planner", sequences: int, seq_length: Optional[int] = None) -> float:
@@ -35,8 +35,25 @@ def switch_share(plan: "_C.StepPlan", planner: "_C.Planner") -> float:
     return total
 
 
+def static_run_seconds(planner: "_C.Planner", batches: Sequence[Sequence[int]], **options) -> Dict[str, float]:
+    """Predicted seconds of ``batches`` (one step each) under each of the planner's candidates
+    and recompute modes fixed for the whole run, by ``"layout/recompute"``: what a user who
+    picks one layout runs, each step packed per sequence in one phase, no switch. A pair that
+    cannot hold some step's longest sequence is left out. ``options``: the planner's
+    (``max_context``, ``long_sequences``, ...), as for ``free_planner``."""
+    out = {}
+    for i, layout in enumerate(planner.candidates):
+        for mode in planner.recompute:
+            alone = _C.Planner(planner.cost, [layout], 0, [[0.0]], [0.0], **dict(options, recompute=[mode]))
+            try:
+                out[f"{layout.name}/{mode}"] = sum(alone.plan(list(b)).total_seconds for b in batches)
+            except ValueError:
+                continue  # a step it cannot hold
+    return out
+
+
 def simulate(planner, lengths: Sequence[int], steps: int, global_batch: int, seed: int = 0,
-             free: Optional["_C.Planner"] = None, fixed=None) -> dict:
+             free: Optional["_C.Planner"] = None, fixed=None, static_run: Optional[dict] = None) -> dict:
     """Plans ``steps`` steps of ``global_batch`` lengths drawn from ``lengths``.
 
     Returns tokens and predicted seconds summed over the steps (exact packing): ``hot_s``
@@ -46,15 +63,20 @@ def simulate(planner, lengths: Sequence[int], steps: int, global_batch: int, see
     ``plan_ms`` (median planning time), and the layouts the hot plans used; ``fixed_s`` (the
     fixed plan ``fixed``, ``Planner.plan_fixed`` entries, when given) and ``padded_s`` (per step
     the best static layout with every sequence padded to the planner's max context, when it has
-    one).
+    one). With ``static_run`` (the planner's options, ``static_run_seconds``): ``static_run_s``,
+    the best layout and recompute mode fixed for the whole run, and ``static_run`` its name.
+    ``static_s`` may pick another layout each step and pays no switch for it: no static run
+    reaches it, so hot switching can lose to it and still beat every layout fixed for the run.
     """
     rng = random.Random(seed)
     out = {"steps": steps, "tokens": 0, "hot_s": 0.0, "static_s": 0.0, "free_s": 0.0, "fixed_s": 0.0, "padded_s": 0.0,
            "switch_s": 0.0,
            "layouts": {}}
     times = []
+    batches = []
     for _ in range(steps):
         step = [rng.choice(lengths) for _ in range(global_batch)]
+        batches.append(step)
         pieces = planner.pieces(step)
         out["tokens"] += sum(p.length for p in pieces)
         t0 = time.perf_counter()
@@ -73,6 +95,9 @@ def simulate(planner, lengths: Sequence[int], steps: int, global_batch: int, see
             out["padded_s"] += padded_static_seconds(planner, len(pieces))
     times.sort()
     out["plan_ms"] = times[len(times) // 2] * 1e3 if times else 0.0
+    if static_run is not None:
+        runs = static_run_seconds(planner, batches, **static_run)
+        out["static_run"], out["static_run_s"] = min(runs.items(), key=lambda kv: kv[1])
     return out
 
 

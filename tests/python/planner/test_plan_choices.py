@@ -2,6 +2,7 @@
 pays, and rank orders chosen per candidate (hotswitch.planner, hotswitch.analysis.simulate)."""
 
 import json
+import math
 import random
 
 import pytest
@@ -168,6 +169,33 @@ def test_moving_a_home_costs_three_fp32_copies_of_the_masters(setup):
                                                       dst_kind="zero", topology=TOPO), HW, TOPO)
     assert one > 0
     assert planning.home_move_seconds(MODEL, HW, TOPO, candidates, a, b) == pytest.approx(3 * one)
+
+
+@pytest.mark.parametrize("min_gain", [0.01, 0.05, 0.3])
+def test_a_step_never_loses_to_its_home_layout_alone(setup, min_gain):
+    # Whatever margin the planned phases must win by, the step's plan is never predicted slower
+    # than the whole step in one phase under the home layout, with no switch: when the
+    # program's plan is that phase, a slower best static layout does not replace it for want
+    # of the margin. Also the plan the margin keeps wins by it.
+    candidates, names, _ = setup
+    home = names.index("dp2tp4")
+    planner = planning.build_planner(MODEL, HW, TOPO, candidates, home, min_gain=min_gain,
+                                     costs=planning.switch_costs(MODEL, HW, TOPO, candidates, home), **OPTIONS)
+    alone = _C.Planner(planner.cost, [candidates[home]], 0, [[0.0]], [0.0], **OPTIONS)
+    switched = 0
+    for seed in range(60):
+        rng = random.Random(seed)  # 16 long-tailed lengths: median 665 tokens, some of 32K
+        lengths = [max(1, min(32768, int(math.exp(rng.gauss(6.5, 1.5))))) for _ in range(16)]
+        plan, static = planner.plan(lengths), alone.plan(lengths).total_seconds
+        assert plan.total_seconds <= static * (1 + 1e-12), (seed, plan.total_seconds, static)
+        layouts = {(ph.layout.name, ph.recompute) for ph in plan.phases}
+        one = len(plan.phases) == 1 and (
+            plan.phases[0].layout.name == "dp2tp4" or
+            next(iter(layouts)) == (names[plan.best_static_candidate], plan.best_static_recompute))
+        if not plan.single_phase_fallback and not one:  # planned phases, kept by the margin
+            assert plan.total_seconds * (1 + min_gain) <= plan.one_phase_seconds * (1 + 1e-12), seed
+        switched += any(name != "dp2tp4" for name, _ in layouts)
+    assert switched > 0, "no step switched: the test shows nothing"
 
 
 def test_a_chosen_home_never_loses_to_the_static_layout_in_simulation(setup):
