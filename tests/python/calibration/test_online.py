@@ -106,16 +106,23 @@ def _graph_calibration(cost, given, pairs=True, layout="dp4"):
     return cal
 
 
+def _graph_truth():
+    """The truth of the graph tests: 2 ms per layer eagerly, 0.2 ms from the graphs; and its
+    cost model with GRAPH_BUCKETS."""
+    fields = _truth().to_dict()
+    fields["layer_overhead_seconds"] = 2e-3
+    truth = hs.HardwareProfile.from_dict(fields)
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
+    return truth, hs.CostModel(cfg, truth, hs.Topology(4, 4), graph_buckets=GRAPH_BUCKETS,
+                               graph_layer_overhead_seconds=2e-4)
+
+
 def test_graph_savings_and_graphed_phases_fit_the_graph_overhead():
     # The truth: 2 ms per layer eagerly, 0.2 ms from the graphs. The calibration starts without
     # a graph overhead (the runtime's start before its probe); pairs of the same micro-batch as
     # it is and from the graphs measure the saving, and the graph overhead is the refitted layer
     # overhead less it.
-    fields = _truth().to_dict()
-    fields["layer_overhead_seconds"] = 2e-3
-    truth = hs.HardwareProfile.from_dict(fields)
-    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
-    cost = hs.CostModel(cfg, truth, hs.Topology(4, 4), graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=2e-4)
+    truth, cost = _graph_truth()
     start = w.hardware()
     fit = _graph_calibration(cost, None).fit(start)
     assert fit.error_after < 0.02, fit
@@ -149,11 +156,8 @@ def test_a_tp_pairs_saving_gets_back_the_collectives_its_graphs_wait_for():
     # At tp2 the graphed run of a pair also waits for the tp collectives the eager layers hide
     # (graph_tp_alpha), which the cost model prices apart: the fitted saving per layer is the
     # fixed cost alone, as at dp4, not less that traffic (which would count it twice).
-    fields = _truth().to_dict()
-    fields["layer_overhead_seconds"] = 2e-3
-    truth = hs.HardwareProfile.from_dict(fields)
-    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=True).cost_config()
-    cost = hs.CostModel(cfg, truth, hs.Topology(4, 4), graph_buckets=GRAPH_BUCKETS, graph_layer_overhead_seconds=2e-4)
+    _, cost = _graph_truth()
+    cfg = cost.model
     tp2 = hs.Layout.parse("dp2tp2")
     cal = _graph_calibration(cost, None, layout="dp2tp2")
     # What the pairs measure per layer is well short of the saving: the 4 collectives' latencies
