@@ -107,20 +107,23 @@ def test_counts_the_operators_of_one_layer_forward_and_backward():
 
 def test_the_fitted_overhead_follows_a_fixed_cost_added_to_every_layer():
     # The fit puts a layer's fixed cost per micro-batch into layer_overhead_seconds, not into
-    # the per-token terms: 5 ms more per layer moves the intercept by about 5 ms, whatever the
+    # the per-token terms: 20 ms more per layer moves the intercept by about 20 ms, whatever the
     # code's own costs (so a faster runtime is seen as such once it is measured again).
     from hotswitch.testing.harness import run_world
 
     from tests.python.calibration import overhead_workers
 
-    tokens, layers, added = [8, 64, 256], [1, 3], 0.005
+    tokens, layers, added = [8, 64, 256], [1, 3], 0.02
     spec = {"config": hs.TransformerConfig(**TINY), "token_counts": tokens, "layer_counts": layers, "repeats": 3,
             "warmup": 1, "backend": "gloo", "graphs": False}
-    fits = {}
+    fits, slept = {}, 0.0
     for seconds in (0.0, added):
-        timed = run_world(1, overhead_workers.timings_with_a_fixed_cost, spec, seconds, timeout=300)[0]
+        timed, slept = run_world(1, overhead_workers.timings_with_a_fixed_cost, spec, seconds, timeout=300)[0]
         per_layer = [(b - a) / 2 for a, b in zip(timed[1], timed[3])]
         fits[seconds] = fit_layer_seconds(tokens, per_layer)
     moved = fits[added][0] - fits[0.0][0]
-    # Seen: +4.2 to +4.5 ms for 4 ms of sleep (a sleep overshoots a little).
-    assert moved == pytest.approx(added, rel=0.35), fits
+    # Against the pause each forward took, which a sleep overshoots. 20 ms keeps a loaded host's
+    # noise in the fit within the bound: seen, 23.6 to 25.6 ms moved for 20.4 to 20.9 ms slept
+    # (for 5 ms: 4.3 to 7.7 ms moved, 5.2 to 5.6 ms slept).
+    assert slept >= added
+    assert moved == pytest.approx(slept, rel=0.35), (fits, slept)
