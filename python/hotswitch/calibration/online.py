@@ -36,6 +36,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from hotswitch import _C
+from hotswitch.model.attention import static_within
 from hotswitch.model.config import runs_graphs
 
 __all__ = ["Fit", "OnlineCalibration"]
@@ -173,9 +174,9 @@ class OnlineCalibration:
         """Whether ``bucket`` is a graph bucket whose attention is static under ``layout``: its
         heads per rank * bucket^2 within ``graph_max_scores`` where there is one (the cost
         model's ``LayoutTerms.graph_max_tokens``)."""
-        bound = self.graphs.get("graph_max_scores")
         heads = self.model_config.num_attention_heads // layout.tp
-        return bucket in self.graphs.get("graph_buckets", []) and (bound is None or heads * bucket * bucket <= bound)
+        return (bucket in self.graphs.get("graph_buckets", []) and
+                static_within(heads, bucket, self.graphs.get("graph_max_scores")))
 
     def observe_graph_saving(self, layout, graph_tokens: Sequence[int], eager_s: float, graphed_s: float) -> None:
         """The same micro-batches per replica under ``layout``, micro-batch k filling the graph

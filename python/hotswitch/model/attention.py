@@ -61,7 +61,7 @@ from hotswitch.model.batch import to_device
 
 __all__ = ["CONTEXT_KERNEL_FUNCTIONS", "FLASH_KERNELS", "KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES",
            "LengthGroups", "PackAttention", "available_kernels", "document_mask", "flex_document_mask",
-           "select_kernel", "sequence_capacity", "varlen_attention"]
+           "select_kernel", "sequence_capacity", "static_within", "varlen_attention"]
 
 _log = get_logger("model")
 
@@ -203,6 +203,14 @@ _chosen: Dict[tuple, str] = {}
 
 def _max_scores(device: torch.device) -> int:
     return MASKED_MAX_SCORES.get(device.type, MASKED_MAX_SCORES["cpu"])
+
+
+def static_within(heads: int, tokens: int, max_scores: Optional[int]) -> bool:
+    """Whether a pack of ``tokens`` tokens with ``heads`` heads (per rank) is within an
+    attention's bound on a static pack, ``heads * tokens^2 <= max_scores`` (None: no bound).
+    The rule of ``PackAttention.runs_static``, of the online calibration's graph buckets and of
+    the cost model's ``LayoutTerms.graph_max_tokens``."""
+    return max_scores is None or heads * tokens * tokens <= max_scores
 
 
 def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int, prefer: Optional[str] = None) -> str:
@@ -429,8 +437,7 @@ class PackAttention:
     def runs_static(kernel: str, heads: int, tokens: int, device: torch.device) -> bool:
         """Whether a pack of ``tokens`` tokens for ``kernel`` with ``heads`` heads can be static
         (``max_static_scores``)."""
-        bound = PackAttention.max_static_scores(kernel, device)
-        return bound is None or heads * tokens * tokens <= bound
+        return static_within(heads, tokens, PackAttention.max_static_scores(kernel, device))
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q`` ``[T, hq, d]``, ``k``/``v`` ``[T, hkv, d]`` with ``hq`` a multiple of ``hkv``

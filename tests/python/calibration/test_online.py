@@ -240,10 +240,14 @@ def test_the_attentions_bound_on_a_static_pack_caps_the_buckets_that_run_graphs(
         cost = hs.CostModel(cfg, slow, hs.Topology(4, 4), graph_buckets=buckets,
                             graph_layer_overhead_seconds=0.0, graph_max_scores=scores)
         assert cost.graph_max_scores == scores
+        cal = OnlineCalibration(cfg, hs.Topology(4, 4), zero=False, graphs=dict(
+            graph_buckets=buckets, graph_layer_overhead_seconds=None, graph_max_scores=scores))
         for name in ("dp4", "dp2tp2", "tp4"):
             layout = hs.Layout.parse(name)
             static = [b for b in buckets if PackAttention.runs_static(kernel, 4 // layout.tp, b, cpu)]
             assert cost.terms(layout).graph_max_tokens == max(static, default=0), (kernel, name)
+            # The calibration takes as graphed exactly the buckets the model runs static.
+            assert [b for b in buckets if cal._static(layout, b)] == static, (kernel, name)
             # With the graphs free, every micro-batch that a static bucket holds runs from it.
             for n in (60, 100, 200):
                 chosen = cost.graph_tokens(layout, [n])
