@@ -742,6 +742,7 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     from hotswitch import _C
     from hotswitch.cli.plan import _table
     from hotswitch.hardware import load_hardware as _load
+    from hotswitch.model.attention import PackAttention, cuda_kernel
     from hotswitch.planner import build_planner, check_candidates, load_fixed_plan, with_fixed_layouts
 
     hardware = settings.hardware or _load("a800")
@@ -758,25 +759,33 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     modes = ["none", "selective", "full"] if settings.recompute == "auto" else [settings.recompute]
     options = dict(max_context=settings.max_context, recompute=modes, min_gain=settings.min_gain,
                    max_tokens_per_micro_batch=settings.max_tokens_per_micro_batch or 0)
+    # The graph buckets a GPU runs static: those of the attention kernel a CUDA device selects.
+    kernel = cuda_kernel(getattr(torch, config.compute_dtype or config.dtype), config.head_dim)
+    max_scores = PackAttention.max_static_scores(kernel, torch.device("cuda"))
+    graphs = settings.graph_options(hardware, model=config, graph_max_scores=max_scores)
     names = [c.name for c in candidates]
     if settings.home is not None:
         home = names.index(Layout.parse(settings.home).name if isinstance(settings.home, str) else settings.home.name)
     else:
         n = len(candidates)
         probe = _C.Planner(_C.CostModel(model, hardware, topology, zero=settings.zero, tp_overlap=settings.tp_overlap,
-                                        **settings.graph_options(hardware, model=config)),
+                                        **graphs),
                            candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **options)
         home = probe.plan([settings.max_context]).best_static_candidate
     planner = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
-                            graphs=settings.graph_options(hardware, model=config), tp_overlap=settings.tp_overlap,
-                            **options)
+                            graphs=graphs, tp_overlap=settings.tp_overlap, **options)
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
           f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
           flush=True)
     if settings.graph_buckets is not None and settings.graph_layer_overhead_seconds is None:
         print("graph buckets without --graph-layer-overhead: the start-up probe measures it; until then, and in "
               "this dry run, the graphs are priced as saving nothing", flush=True)
+    if settings.graph_buckets is not None:
+        bound = "every bucket static" if max_scores is None else \
+            f"static while heads per rank * tokens^2 <= {max_scores}" if max_scores else "no bucket static"
+        print(f"graph buckets {sorted(settings.graph_buckets)} with the {kernel} attention a GPU selects: {bound}",
+              flush=True)
     for step in range(args.dry_run_steps):
         batch = sampler.next_batch()
         lengths = [len(s) for s in batch]

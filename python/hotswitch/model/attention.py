@@ -60,7 +60,7 @@ from hotswitch.logging import get_logger
 from hotswitch.model.batch import to_device
 
 __all__ = ["CONTEXT_KERNEL_FUNCTIONS", "FLASH_KERNELS", "KERNELS", "KERNEL_FUNCTIONS", "MASKED_MAX_SCORES",
-           "LengthGroups", "PackAttention", "available_kernels", "document_mask", "flex_document_mask",
+           "LengthGroups", "PackAttention", "available_kernels", "cuda_kernel", "document_mask", "flex_document_mask",
            "select_kernel", "sequence_capacity", "static_within", "varlen_attention"]
 
 _log = get_logger("model")
@@ -196,6 +196,22 @@ def available_kernels(device: torch.device, dtype: torch.dtype, head_dim: int) -
         if head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _import_flex() is not None:
             out.append("flex")
     return out + ["sdpa", "masked", "grouped"]
+
+
+def cuda_kernel(dtype: torch.dtype, head_dim: int) -> str:
+    """The attention kernel a CUDA device selects for compute ``dtype`` and ``head_dim``
+    (``select_kernel``). Without a CUDA device here (a dry run planning GPUs from a host without
+    one), judged from what imports: ``flash_attn`` or ``flex`` where they take the shape, else
+    ``sdpa``; ``varlen`` is left out, since only a device can check it."""
+    device = torch.device("cuda")
+    if torch.cuda.is_available():
+        return select_kernel(device, dtype, head_dim)
+    if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256 and \
+            _import_flash() is not None:
+        return "flash_attn"
+    if head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _import_flex() is not None:
+        return "flex"
+    return "sdpa"
 
 
 _chosen: Dict[tuple, str] = {}

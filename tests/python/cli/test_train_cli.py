@@ -273,6 +273,14 @@ def test_the_dry_run_plans_the_training_command_without_a_process_group(tmp_path
     assert lines[0].startswith("dry run: 4 GPUs (2 per node), hardware a800, 0.00 GiB per GPU")
     assert sum(l.startswith("batch ") for l in lines) == 2 and sum(l.startswith("predicted step") for l in lines) == 2
     assert "summary:" not in out.stdout  # nothing trained
+    # Graph buckets are planned where the attention a GPU selects runs them static: head dim 8
+    # takes the mask kernel, whose pack holds at most 2^24 scores on CUDA.
+    out = subprocess.run([sys.executable, "-m", "hotswitch.train", *MODEL, *COMMON, "--candidate-layouts", "dp4,dp2tp2",
+                          "--graph-buckets", "64,256", "--graph-layer-overhead", "1e-4", "--dry-run",
+                          "--dry-run-gpus", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "graph buckets [64, 256] with the sdpa attention a GPU selects: static while heads per rank * " \
+           "tokens^2 <= 16777216" in out.stdout, out.stdout[:2000]
 
 
 def test_graph_buckets_reach_the_runtime_config_with_their_overhead():

@@ -242,6 +242,19 @@ def test_select_kernel_prefers_in_order_and_logs_once(monkeypatch):
         select_kernel(CPU, torch.float32, 16, prefer="flash_attn")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="judges a CUDA device's kernel from a host without one")
+def test_a_host_without_a_gpu_judges_the_kernel_a_gpu_selects(monkeypatch):
+    # A dry run plans GPUs from here: the kernel decides which graph buckets run static.
+    flex = attention._import_flex() is not None
+    assert attention.cuda_kernel(torch.bfloat16, 64) == ("flex" if flex else "sdpa")
+    assert attention.cuda_kernel(torch.float32, 8) == "sdpa"  # FlexAttention takes head dims from 16
+    assert attention.cuda_kernel(torch.bfloat16, 24) == "sdpa"  # nor one that is not a power of two
+    monkeypatch.setattr(attention, "_import_flash", lambda: object())
+    assert attention.cuda_kernel(torch.bfloat16, 24) == "flash_attn"
+    assert attention.cuda_kernel(torch.float32, 24) == "sdpa"  # flash-attn takes half precision only
+    assert PackAttention.max_static_scores("sdpa", torch.device("cuda")) == 1 << 24
+
+
 # ----------------------------------------------------------------------------- calls per layer
 
 
