@@ -747,6 +747,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("pp", &CandidateModel::pp)
       .def_readonly("budget", &CandidateModel::budget)
       .def_readonly("target", &CandidateModel::target)
+      .def_readonly("graph_buckets", &CandidateModel::graphBuckets)
       .def_readonly("grad_seconds", &CandidateModel::gradSeconds)
       .def_property_readonly("grad_method", [](const CandidateModel& c) { return gradMethodName(c.gradMethod); },
                              "\"local\", \"reduce\" or \"partial\"")
@@ -773,8 +774,9 @@ PYBIND11_MODULE(_C, m) {
                        std::optional<std::vector<double>> gradPartialSeconds, int boundaryCandidates,
                        int64_t maxContext, const std::string& longSequences, bool pruneDominated,
                        double microBatchOverheadShare, bool exactFallback, int64_t maxTokensPerMicroBatch,
-                       double minGain, const std::vector<std::string>& recompute) {
+                       double minGain, const std::vector<std::string>& recompute, bool graphEstimate) {
              PlannerOptions o;
+             o.graphEstimate = graphEstimate;
              o.recompute.clear();
              for (const std::string& mode : recompute) o.recompute.push_back(parseRecompute(mode));
              o.maxTokensPerMicroBatch = maxTokensPerMicroBatch;
@@ -795,11 +797,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("boundary_candidates") = 128, py::arg("max_context") = 0, py::arg("long_sequences") = "reject",
            py::arg("prune_dominated") = true, py::arg("micro_batch_overhead_share") = 0.1,
            py::arg("exact_fallback") = true, py::arg("max_tokens_per_micro_batch") = 0, py::arg("min_gain") = 0.01,
-           py::arg("recompute") = std::vector<std::string>{"none"},
+           py::arg("recompute") = std::vector<std::string>{"none"}, py::arg("graph_estimate") = true,
            "recompute: the modes ('none', 'selective', 'full') the planner may give each phase, every candidate "
            "weighed with each; the first is what candidate_model and objective assume by default. min_gain: the "
            "fraction by which the program's plan must be predicted faster than one phase under home or the best "
-           "static layout to be kept (0.01: 1%).")
+           "static layout to be kept (0.01: 1%). graph_estimate: the program's estimate weighs the micro-batches of a "
+           "layout that runs CUDA graph buckets packed to them (False: as without graphs until the exact packing).")
       .def_property_readonly("candidates", &Planner::candidates)
       .def_property_readonly("home", &Planner::home)
       .def_property_readonly("cost", &Planner::costModel)

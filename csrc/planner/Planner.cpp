@@ -34,16 +34,21 @@ bool nonNegativeOn(double a, double b, double c, double lo, double hi) {
 
 // Aggregates of a set of pieces under one candidate.
 struct Aggregate {
-  double work = 0, maxU = 0, maxV = 0, microBatches = 0;
+  double work = 0, maxU = 0, maxV = 0, microBatches = 0, tokens = 0;
+  int64_t longest = 0;
   bool empty = true;
   void add(const CandidateModel& m, int64_t s) {
     work += m.terms.u(s);
     maxU = std::max(maxU, m.terms.u(s));
     maxV = std::max(maxV, m.terms.v(s));
     microBatches += m.microBatchShare(s);
+    tokens += static_cast<double>(s);
+    longest = std::max(longest, s);
     empty = false;
   }
-  double estimate(const CandidateModel& m) const { return m.estimate(work, maxU, maxV, microBatches); }
+  double estimate(const CandidateModel& m) const {
+    return m.estimate(work, maxU, maxV, microBatches, tokens, longest);
+  }
 };
 
 }  // namespace
@@ -70,11 +75,23 @@ double CandidateModel::microBatchShare(int64_t s) const {
   return target > 0 ? std::min(1.0, terms.u(s) / target) : 1.0;
 }
 
-double CandidateModel::estimate(double work, double maxU, double maxV, double microBatches) const {
+double CandidateModel::estimate(double work, double maxU, double maxV, double microBatches, double tokens,
+                                int64_t longest) const {
   const double perReplica = work / dp;
   const double o = terms.microBatchSeconds;
   double e = std::max(perReplica, maxU) + o * std::max(1.0, microBatches / dp);
   if (pp > 1) e += (pp - 1) * (std::max(maxV, std::min(perReplica, target)) + o + 2.0 * terms.p2pLatency);
+  // Micro-batches filled to a graph bucket, run from the graphs (Planner.h).
+  const double replicaTokens = tokens / dp;
+  for (int64_t bucket : graphBuckets) {
+    if (bucket < longest) continue;
+    const double b = static_cast<double>(bucket);
+    const double count = std::max(1.0, std::ceil(replicaTokens / b));
+    const double pad = std::max(0.0, count * b - replicaTokens);
+    const double padding = terms.alpha() * pad + terms.beta * pad * pad + (pad > 0 ? terms.gamma : 0.0);
+    const double fixed = o - terms.graphSavedSeconds + terms.graphTpAlpha * b + terms.graphTpMicroBatchSeconds;
+    e = std::min(e, std::max(perReplica, maxU) + padding + count * fixed);
+  }
   return e;
 }
 
@@ -148,6 +165,11 @@ Planner::Planner(CostModel cost, std::vector<Layout> candidates, int home, Switc
     if (m.pp > 1 && m.terms.microBatchSeconds > 0) {
       m.target = std::min(m.terms.alpha() * static_cast<double>(m.budget),
                           m.terms.microBatchSeconds / options_.microBatchOverheadShare);
+    }
+    if (options_.graphEstimate && m.terms.graphs && m.terms.graphSavedSeconds > 0) {
+      for (int64_t bucket : cost_.options().graphBuckets) {
+        if (bucket <= m.budget && bucket <= m.terms.graphMaxTokens) m.graphBuckets.push_back(bucket);
+      }
     }
     m.reduceSeconds = m.terms.dpSeconds;
     if (i == home_) {
@@ -291,6 +313,7 @@ bool Planner::dominates(int better, int worse, int64_t shortest, int64_t longest
   if (worse == homeVariant_ || better == worse) return false;
   const CandidateModel& a = models_[better];
   const CandidateModel& b = models_[worse];
+  if (!b.graphBuckets.empty()) return false;  // its fixed cost depends on the set (Planner.h)
   if (a.budget < std::min(b.budget, longest)) return false;
   if (a.gradSeconds > b.gradSeconds) return false;
   const auto& sw = switchVariants_;
@@ -745,7 +768,7 @@ StepPlan Planner::plan(const std::vector<int64_t>& lengths) const {
                                  t.beta * static_cast<double>(squares[mid] - squares[lo]) + t.gamma * (mid - lo);
           microBatches = partial * invTarget + (hi - mid);
         }
-        const double e = m.estimate(work, maxU, maxV, microBatches);
+        const double e = m.estimate(work, maxU, maxV, microBatches, static_cast<double>(tokens[hi] - tokens[lo]), last);
         const double total = in + e;
         if (total < bestHere) {
           bestHere = total;

@@ -59,9 +59,15 @@
 // Every phase is then packed exactly (Packer) and timed by the cost model (CostModel::phase);
 // under CUDA graph buckets (CostModel.h, 12) each bucket below the memory budget that holds
 // the phase's longest piece is tried as the token budget too, and the packing priced lowest,
-// its padding and the launches it saves weighed per micro-batch, is the phase's. (The
-// program's estimate E and its pruning of dominated layouts do not see the graphs' saving:
-// a layout that runs graphs is priced as without them until its exact packing.)
+// its padding and the launches it saves weighed per micro-batch, is the phase's. E sees the
+// graphs too: for a layout that runs them (pp == 1), E_l(S) is the lesser of the form above
+// and, for each graph bucket b that holds the longest piece (CandidateModel::graphBuckets),
+//
+//   max(W / dp, U) + c * (o - graph saving + graph tp cost of b) + padding(c * b - N / dp)
+//
+// with N the set's tokens and c = max(1, ceil(N / (dp b))) micro-batches per replica filled
+// to b, the last padded (its work priced as CostModel::graphAdded prices padding). Such a
+// layout is never pruned as dominated: its fixed cost per micro-batch depends on the set.
 // Last, by those exact times, the plan is compared with running the whole step as one phase
 // under the home layout or under the best static layout (switched into from home and back),
 // and the program's plan is kept only when it is predicted faster than the better of the two
@@ -110,6 +116,9 @@ struct PlannerOptions {
   LongSequences longSequences = LongSequences::kReject;
   double microBatchOverheadShare = 0.1;
   bool pruneDominated = true;
+  // E weighs the micro-batches of a layout that runs CUDA graphs packed to its graph buckets
+  // (false: as without graphs until the exact packing, the form before graphs; for comparison).
+  bool graphEstimate = true;
   bool exactFallback = true;  // compare with one phase under home / best static, exactly
   // With exactFallback: the program's plan is kept only when it is predicted at least this
   // fraction faster than the best one-phase alternative (0.01: 1%); otherwise the step runs
@@ -148,10 +157,15 @@ struct CandidateModel {
   double reduceSeconds = 0;   // its own reduction over the data group
   Recompute recompute = Recompute::kNone;
 
+  // The graph buckets (CostModel.h, 12) E weighs this variant's micro-batches packed to:
+  // those within the budget whose attention is static, where the graphs save a fixed cost;
+  // empty for a layout that runs no graphs.
+  std::vector<int64_t> graphBuckets;
+
   // m(s): the micro-batches one sequence accounts for.
   double microBatchShare(int64_t s) const;
-  // E from the aggregates of a non-empty set.
-  double estimate(double work, double maxU, double maxV, double microBatches) const;
+  // E from the aggregates of a non-empty set: `tokens` its tokens, `longest` its longest piece.
+  double estimate(double work, double maxU, double maxV, double microBatches, double tokens, int64_t longest) const;
 };
 
 // J of one assignment, with its parts. Bound as hotswitch._C.ObjectiveValue (StepPlan.h's rule).

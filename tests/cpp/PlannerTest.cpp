@@ -155,6 +155,58 @@ TEST(PlannerTest, PlansCarryEachMicroBatchsGraphBucket) {
   EXPECT_GT(graphed, 0);
 }
 
+TEST(PlannerTest, TheEstimateWeighsMicroBatchesPackedToAGraphBucket) {
+  // LLaMA-7B under dp8 with a 20 ms fixed cost per layer that graphs cut to 0.1 ms. 64
+  // sequences of 100 tokens: 800 per replica, one micro-batch run as it is (the budget holds
+  // 4755), or one padded to a bucket that holds it and run from the graphs. E takes the least.
+  Fixture s;
+  s.layouts = {Layout(8, 1, 1)};
+  HardwareProfile hw = HardwareProfile::preset("a800");
+  hw.layerOverheadSeconds = 20e-3;
+  CostOptions options{true, 4, 12};
+  options.graphBuckets = {1024, 2048, 4096, 8192};
+  options.graphLayerOverheadSeconds = 1e-4;
+  s.cost = CostModel(ModelConfig::preset("llama-7b"), hw, Topology(8, 8), options);
+  const Planner planner = s.planner(0.0);
+  const CandidateModel& m = planner.candidateModel(0);
+  ASSERT_GE(m.budget, 4096);
+  ASSERT_LT(m.budget, 8192);
+  EXPECT_EQ(m.graphBuckets, (std::vector<int64_t>{1024, 2048, 4096}));  // within the budget
+  const LayoutTerms& t = m.terms;
+  const std::vector<int64_t> lengths(64, 100);
+  const double work = std::max(64 * t.u(100) / 8, t.u(100));
+  const double plain = work + t.microBatchSeconds;
+  auto graphed = [&](double bucket) {
+    const double pad = bucket - 800;
+    return work + t.alpha() * pad + t.beta * pad * pad + t.gamma + t.microBatchSeconds - t.graphSavedSeconds;
+  };
+  EXPECT_LT(graphed(1024), plain);
+  EXPECT_LT(graphed(1024), graphed(2048));
+  const ObjectiveValue v = planner.objective(lengths, std::vector<int>(64, 0));
+  EXPECT_NEAR(v.phaseSeconds[0], graphed(1024) + m.gradSeconds, 1e-12);
+  // Of 5200 tokens per replica, two micro-batches filled to 4096 pay one padding of 2992.
+  const std::vector<int64_t> more(416, 100);
+  const double moreWork = std::max(416 * t.u(100) / 8, t.u(100));
+  const double pad = 2 * 4096.0 - 5200;
+  const double twoGraphed = moreWork + t.alpha() * pad + t.beta * pad * pad + t.gamma +
+                            2 * (t.microBatchSeconds - t.graphSavedSeconds);
+  const double twoPlain = moreWork + t.microBatchSeconds * 5200.0 / static_cast<double>(m.budget);
+  double best = std::min(twoGraphed, twoPlain);
+  for (double b : {1024.0, 2048.0}) {
+    const double count = std::ceil(5200 / b);
+    const double p = count * b - 5200;
+    best = std::min(best, moreWork + t.alpha() * p + t.beta * p * p + (p > 0 ? t.gamma : 0.0) +
+                              count * (t.microBatchSeconds - t.graphSavedSeconds));
+  }
+  EXPECT_NEAR(planner.objective(more, std::vector<int>(416, 0)).phaseSeconds[0], best + m.gradSeconds, 1e-12);
+  // Off, E prices the layout as without graphs: one micro-batch run as it is.
+  PlannerOptions off;
+  off.graphEstimate = false;
+  const Planner without(s.cost, s.layouts, 0, SwitchCosts{{{0.0}}, {0.0}, {}}, off);
+  EXPECT_TRUE(without.candidateModel(0).graphBuckets.empty());
+  EXPECT_NEAR(without.objective(lengths, std::vector<int>(64, 0)).phaseSeconds[0], plain + m.gradSeconds, 1e-12);
+}
+
 // The hand-countable model and hardware of CostFixtures.h: 2 layers, hidden 8, 2 heads,
 // FFN 16, vocab 10, on unit hardware (1e6 FLOP/s, 1e3 B/s, no latency or overhead).
 using testing::tinyModel;

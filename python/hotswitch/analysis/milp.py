@@ -75,7 +75,8 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
     ``bound_s`` (CBC's best bound on the optimum, seconds: its value when proved optimal, the
     "Lower bound" of its log when stopped early, None when the log states none),
     ``status`` (PuLP's), ``solve_s`` (wall seconds in CBC) and ``variables``. Raises
-    ValueError for an empty or non-positive length, or a piece no candidate holds.
+    ValueError for an empty or non-positive length, a piece no candidate holds, or a planner
+    whose candidates run CUDA graph buckets.
     """
     lengths = [int(s) for s in piece_lengths]
     if not lengths:
@@ -83,6 +84,11 @@ def solve(planner, piece_lengths: Sequence[int], time_limit: float = 60.0, start
     L = len(planner.candidates)
     home = planner.home
     models = [planner.candidate_model(l) for l in range(L)]
+    graphed = [m.layout.name for m in models if m.graph_buckets]
+    if graphed:
+        # E of a layout that runs CUDA graphs is a least over its graph buckets (Planner.h).
+        raise ValueError(f"the MILP does not model CUDA graph buckets; candidates {', '.join(graphed)} run them "
+                         f"(build the planner with graph_estimate=False)")
     for i, s in enumerate(lengths):
         if s < 1:
             raise ValueError(f"piece {i} has length {s}, expected >= 1")

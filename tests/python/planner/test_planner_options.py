@@ -56,3 +56,35 @@ def test_every_layout_holds_the_weight_copies_of_the_candidates_that_run_graphs(
     assert planner.cost.static_bytes(layouts[2]) == plain.cost.static_bytes(layouts[2]) + sum(copies)
     for i in range(n):
         assert 0 < planner.micro_batch_budget(i) < plain.micro_batch_budget(i), layouts[i].name
+
+
+def test_the_programs_estimate_finds_the_phases_that_graphs_make_cheap():
+    # LLaMA-7B on 8 H100s, graphs that cut the fixed cost per layer to a tenth. A step of
+    # short sequences and a few of 1-1.2K: as one dp4tp2 phase its replicas hold 4,200 tokens,
+    # which no graph bucket holds in one micro-batch, and it runs as it is. The estimate that
+    # weighs the buckets finds the split: the longer sequences packed to 4096 under dp4tp2 and
+    # the short ones to 1024 under dp2tp4, all from the graphs, and its estimate of each phase
+    # is the exact packing's time.
+    model, hw, topology = hs.ModelConfig.preset("llama-7b"), hs.HardwareProfile.preset("h100"), hs.Topology(8, 8)
+    layouts = [hs.Layout.parse(n) for n in ("dp8", "dp4tp2", "dp2tp4", "tp2pp4")]
+    n = len(layouts)
+    zeros = ([[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
+    cost = hs.CostModel(model, hw, topology, zero=True, graph_buckets=[1024, 2048, 4096],
+                        graph_layer_overhead_seconds=0.1 * hw.layer_overhead_seconds, graph_copy_param_bytes=2)
+    weighed = hs.Planner(cost, layouts, 0, *zeros, max_context=32768)
+    blind = hs.Planner(cost, layouts, 0, *zeros, max_context=32768, graph_estimate=False)
+    assert [weighed.candidate_model(i).graph_buckets for i in range(n)] == [[1024, 2048], [1024, 2048, 4096],
+                                                                            [1024, 2048, 4096], []]
+    assert all(blind.candidate_model(i).graph_buckets == [] for i in range(n))
+    lengths = [125] * 64 + [1000, 1200] * 4
+    with_graphs, without = weighed.plan(lengths), blind.plan(lengths)
+    assert [(p.layout.name, p.graph_tokens) for p in without.phases] == [("dp4tp2", [[0]] * 4)]
+    assert [(p.layout.name, p.graph_tokens) for p in with_graphs.phases] == [("dp4tp2", [[4096]] * 4),
+                                                                            ("dp2tp4", [[1024]] * 2)]
+    assert with_graphs.total_seconds < 0.95 * without.total_seconds
+    for phase in with_graphs.phases:
+        assert phase.estimate_seconds == pytest.approx(phase.cost.run_seconds, rel=1e-9)
+    # The MILP prices E without graphs: it refuses a planner whose estimate weighs them.
+    from hotswitch.analysis import milp
+    with pytest.raises(ValueError, match="does not model CUDA graph buckets; candidates dp8, dp4tp2, dp2tp4 run them"):
+        milp.solve(weighed, lengths)
