@@ -42,6 +42,11 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
   ``wikipedia.lengths`` (documents of 8K tokens or more), 4 sequences per GPU, on 32 and 256
   GPUs (32 only with ``--quick``); switch costs from receive volumes. Planning time with cp
   layouts among the candidates: ``plan_ms_p50_1024seq_32gpu_cp`` (32K context, as the first).
+- CUDA graph buckets (1K-16K tokens), graphed layers assumed to keep a tenth of the fixed
+  cost per layer: the planner whose program weighs the buckets over the same planner whose
+  program does not (``sim_speedup_graph_estimate``; both pack phases exactly with graphs),
+  and over the best static layout per step under the same graphs
+  (``sim_speedup_vs_static_graphs``); 8 and 32 GPUs (8 with ``--quick``).
 
     .venv/bin/python -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
 """
@@ -80,6 +85,10 @@ RECOMPUTE_ALL = ("none", "selective", "full")
 # over wlbllm.lengths and the long tail of wikipedia.lengths (documents of 8K tokens or more).
 CP_MAX = 8
 CP_MAX_CONTEXT = 131072
+# CUDA graph buckets: graphed layers keep this share of the fixed cost per layer (assumed).
+GRAPH_BUCKETS = (1024, 2048, 4096, 8192, 16384)
+GRAPH_OVERHEAD_SHARE = 0.1
+GRAPH_GPUS, GRAPH_GPUS_QUICK = (8, 32), (8,)
 CP_GPUS, CP_GPUS_QUICK = (32, 256), (32,)  # switch costs among 110 candidates of 256 GPUs take ~1 min
 CP_SEQUENCES_PER_GPU = 4
 CP_TAIL_FROM = 8192
@@ -331,6 +340,40 @@ def context_parallel(dists, hardware, steps, seed, gpu_counts=CP_GPUS) -> dict:
     return out
 
 
+def graph_estimates(dists, hardware, steps, seed, gpu_counts=GRAPH_GPUS) -> dict:
+    """Hot switching under CUDA graph buckets whose graphs cut the fixed cost per layer to
+    ``GRAPH_OVERHEAD_SHARE`` of the profile's (an assumption: the fixed cost a graphed layer keeps
+    is unmeasured on a GPU), with the program's estimate weighing the buckets against the same
+    planner whose estimate does not (``graph_estimate=False``; both pack every phase exactly,
+    graphs weighed): ``sim_speedup_graph_estimate``; and the weighing planner over the best
+    static layout of each step under the same graphs: ``sim_speedup_vs_static_graphs``."""
+    model = hs.ModelConfig.preset(MODEL)
+    graphs = dict(graph_buckets=list(GRAPH_BUCKETS), graph_copy_param_bytes=2,
+                  graph_layer_overhead_seconds=GRAPH_OVERHEAD_SHARE * hardware.layer_overhead_seconds)
+    gain, vs_static = {}, {}
+    for name, lengths in dists.items():
+        for gpus in gpu_counts:
+            topology = hs.Topology(gpus, GPUS_PER_NODE)
+            candidates = planning.auto_candidates(model, gpus, 1)
+            n = len(candidates)
+            probe = hs.Planner(hs.CostModel(model, hardware, topology, zero=True, **graphs), candidates, 0,
+                               [[0.0] * n for _ in range(n)], [0.0] * n, **OPTIONS)
+            home = probe.plan([MAX_CONTEXT] * SEQUENCES_PER_GPU).best_static_candidate
+            costs = planning.switch_costs(model, hardware, topology, candidates, home)
+            sims = {}
+            for weighed in (True, False):
+                planner = planning.build_planner(model, hardware, topology, candidates, home, costs=costs,
+                                                 graphs=graphs, graph_estimate=weighed, **OPTIONS)
+                sims[weighed] = simulate(planner, lengths, steps, SEQUENCES_PER_GPU * gpus, seed=seed + 1)
+            gain.setdefault(name, {})[str(gpus)] = sims[False]["hot_s"] / sims[True]["hot_s"]
+            vs_static.setdefault(name, {})[str(gpus)] = sims[True]["static_s"] / sims[True]["hot_s"]
+            print(f"graphs ({GRAPH_OVERHEAD_SHARE:.0%} of the fixed cost per layer), {name}, {gpus} GPUs, home "
+                  f"{candidates[home].name}: estimate weighing the buckets {gain[name][str(gpus)]:.4f}x over not; "
+                  f"{vs_static[name][str(gpus)]:.4f}x over the best static layout per step")
+    return {"graph_overhead_share": GRAPH_OVERHEAD_SHARE, "graph_buckets": list(GRAPH_BUCKETS),
+            "sim_speedup_graph_estimate": gain, "sim_speedup_vs_static_graphs": vs_static}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -464,6 +507,7 @@ def main(argv=None) -> int:
     out.update(rank_orders(setups, dists, sim_steps, args.seed))
     out.update(context_parallel(dists, hardware, CP_STEPS_QUICK if args.quick else CP_STEPS, args.seed,
                                 CP_GPUS_QUICK if args.quick else CP_GPUS))
+    out.update(graph_estimates(dists, hardware, sim_steps, args.seed, GRAPH_GPUS_QUICK if args.quick else GRAPH_GPUS))
     out["seconds"] = time.perf_counter() - start
 
     print("RESULT " + json.dumps(rounded(out)))
