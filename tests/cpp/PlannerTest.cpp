@@ -97,20 +97,27 @@ TEST(PlannerTest, FreeSwitchesNeverLoseToStatic) {
   EXPECT_LE(plan.totalSeconds, plan.bestStaticSeconds + 1e-9);  // the exact fallback
 }
 
+// LLaMA-7B under dp8 alone on 8 A800s with a 20 ms fixed cost per layer, which graphs at
+// `buckets` cut to 0.1 ms.
+Fixture graphedDp8(std::vector<int64_t> buckets) {
+  Fixture s;
+  s.layouts = {Layout(8, 1, 1)};
+  HardwareProfile hw = HardwareProfile::preset("a800");
+  hw.layerOverheadSeconds = 20e-3;
+  CostOptions options{true, 4, 12};
+  options.graphBuckets = std::move(buckets);
+  options.graphLayerOverheadSeconds = 1e-4;
+  s.cost = CostModel(ModelConfig::preset("llama-7b"), hw, Topology(8, 8), options);
+  return s;
+}
+
 TEST(PlannerTest, PlansCarryEachMicroBatchsGraphBucket) {
   // LLaMA-7B under dp8 with a large fixed cost per layer that graphs cut: the micro-batches
   // that a bucket holds cheaply run from graphs (what CostModel::graphTokens says of each).
   // Packed to the memory budget (4755 tokens, with dp8's graph weight copies held) many hold
   // more than the 4096 bucket and run as they are (29 of 56 run from graphs); packed to the
   // 4096 bucket they fill it closely and all do: the planner packs so.
-  Fixture s;
-  s.layouts = {Layout(8, 1, 1)};
-  HardwareProfile hw = HardwareProfile::preset("a800");
-  hw.layerOverheadSeconds = 20e-3;
-  CostOptions options{true, 4, 12};
-  options.graphBuckets = {2048, 4096, 8192};
-  options.graphLayerOverheadSeconds = 1e-4;
-  s.cost = CostModel(ModelConfig::preset("llama-7b"), hw, Topology(8, 8), options);
+  const Fixture s = graphedDp8({2048, 4096, 8192});
   std::vector<int64_t> lengths = longTailed(200, 11);
   for (int64_t& n : lengths) n = std::min<int64_t>(n, 4096);
   const Planner planner = s.planner(0.0);
@@ -159,14 +166,7 @@ TEST(PlannerTest, TheEstimateWeighsMicroBatchesPackedToAGraphBucket) {
   // LLaMA-7B under dp8 with a 20 ms fixed cost per layer that graphs cut to 0.1 ms. 64
   // sequences of 100 tokens: 800 per replica, one micro-batch run as it is (the budget holds
   // 4755), or one padded to a bucket that holds it and run from the graphs. E takes the least.
-  Fixture s;
-  s.layouts = {Layout(8, 1, 1)};
-  HardwareProfile hw = HardwareProfile::preset("a800");
-  hw.layerOverheadSeconds = 20e-3;
-  CostOptions options{true, 4, 12};
-  options.graphBuckets = {1024, 2048, 4096, 8192};
-  options.graphLayerOverheadSeconds = 1e-4;
-  s.cost = CostModel(ModelConfig::preset("llama-7b"), hw, Topology(8, 8), options);
+  const Fixture s = graphedDp8({1024, 2048, 4096, 8192});
   const Planner planner = s.planner(0.0);
   const CandidateModel& m = planner.candidateModel(0);
   ASSERT_GE(m.budget, 4096);
