@@ -562,9 +562,10 @@ PYBIND11_MODULE(_C, m) {
                        bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk,
                        std::map<std::string, double> layoutScale, std::vector<int64_t> graphBuckets,
                        double graphLayerOverheadSeconds, double tpOverlap, int64_t graphCopyParamBytes,
-                       std::optional<int64_t> graphMaxScores) {
+                       std::optional<int64_t> graphMaxScores, std::optional<std::vector<std::string>> graphLayouts) {
              CostOptions o;
              o.graphMaxScores = graphMaxScores;
+             o.graphLayouts = std::move(graphLayouts);
              o.graphBuckets = std::move(graphBuckets);
              o.graphLayerOverheadSeconds = graphLayerOverheadSeconds;
              o.zero = zero;
@@ -582,7 +583,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("cp_min_chunk") = 4, py::arg("layout_scale") = std::map<std::string, double>{},
            py::arg("graph_buckets") = std::vector<int64_t>{}, py::arg("graph_layer_overhead_seconds") = 0.0,
            py::arg("tp_overlap") = 1.0, py::arg("graph_copy_param_bytes") = 0,
-           py::arg("graph_max_scores") = py::none(),
+           py::arg("graph_max_scores") = py::none(), py::arg("graph_layouts") = py::none(),
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
            "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
@@ -598,8 +599,11 @@ PYBIND11_MODULE(_C, m) {
            "graphed micro-batches always pay them). graph_copy_param_bytes: bytes per element of the matrix "
            "weights' copies that CUDA graphs read (the compute dtype's; 0: the model's param_bytes). "
            "graph_max_scores: the attention's bound on a static pack: a bucket runs from the graphs only where the "
-           "heads per rank * bucket^2 <= it (the mask kernels'; None: no bound, the flash and flex kernels).")
+           "heads per rank * bucket^2 <= it (the mask kernels'; None: no bound, the flash and flex kernels). "
+           "graph_layouts: the names of the layouts whose models capture graphs and keep their weight copies "
+           "(None: every layout that can).")
       .def_property_readonly("graph_buckets", [](const CostModel& c) { return c.options().graphBuckets; })
+      .def_property_readonly("graph_layouts", [](const CostModel& c) { return c.options().graphLayouts; })
       .def_property_readonly("graph_max_scores", [](const CostModel& c) { return c.options().graphMaxScores; })
       .def_property_readonly("graph_layer_overhead_seconds",
                              [](const CostModel& c) { return c.options().graphLayerOverheadSeconds; })

@@ -187,6 +187,16 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
     HS_CHECK(options_.graphBuckets[i] >= 1 && (i == 0 || options_.graphBuckets[i] > options_.graphBuckets[i - 1]),
              "graph_buckets must be ascending token counts >= 1, got ", options_.graphBuckets[i], " at index ", i);
   }
+  if (options_.graphLayouts) {
+    const auto& names = *options_.graphLayouts;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string name = Layout::parse(names[i]).name();
+      HS_CHECK(name == names[i], "graph_layouts names layouts as Layout.name writes them: expected '", name,
+               "', got '", names[i], "'");
+      HS_CHECK(std::find(names.begin(), names.begin() + i, names[i]) == names.begin() + i, "graph_layouts lists '",
+               names[i], "' twice");
+    }
+  }
   HS_CHECK(!options_.graphMaxScores || *options_.graphMaxScores >= 0, "graph_max_scores must be >= 0 or None "
            "(no bound), got ", options_.graphMaxScores.value_or(0));
   HS_CHECK(options_.graphCopyParamBytes >= 0, "graph_copy_param_bytes must be >= 0 (0: the model's param "
@@ -240,6 +250,10 @@ int64_t CostModel::staticBytes(const Layout& layout) const {
 bool CostModel::layoutRunsGraphs(const Layout& layout) const {
   const std::vector<int64_t>& buckets = options_.graphBuckets;
   const int tp = layout.tp();
+  if (options_.graphLayouts && std::find(options_.graphLayouts->begin(), options_.graphLayouts->end(),
+                                         layout.name()) == options_.graphLayouts->end()) {
+    return false;
+  }
   return !buckets.empty() && layout.pp() == 1 && layout.cp() == 1 &&
          std::all_of(buckets.begin(), buckets.end(), [tp](int64_t b) { return b % tp == 0; });
 }

@@ -141,7 +141,9 @@
 //    that many scores in one call; LayoutTerms::graphMaxTokens). The weight copies the graphs read (each layer
 //    weight of the rank's shard, in the compute dtype: graphCopyBytes), which a layout's model keeps
 //    while other layouts run, are held in every layout's memory: the Planner sums them over
-//    its candidates that run graphs (CostOptions::graphCopiesHeldBytes).
+//    its candidates that run graphs (CostOptions::graphCopiesHeldBytes). With many
+//    candidates that is much of a GPU's memory (LLaMA-7B on 8 GPUs: dp8's copies alone are
+//    12.9 GB), so graphLayouts may name the few layouts that capture graphs.
 //
 // Memory per rank, for the stage that holds the most: parameters (param bytes) and gradients
 // (grad bytes) of the rank's shard, optimizer state (optimizer bytes per parameter, divided
@@ -189,6 +191,10 @@ struct CostOptions {
   // (>= 0, finite), in place of the profile's layerOverheadSeconds.
   std::vector<int64_t> graphBuckets;
   double graphLayerOverheadSeconds = 0;
+  // The layouts (by Layout::name()) whose models capture graphs, each holding its weight
+  // copies while the others run (12); none: every layout that can. A layout not listed runs
+  // as without graph buckets and keeps no copies. Names distinct, each a layout's name.
+  std::optional<std::vector<std::string>> graphLayouts;
   // The attention's bound on a static pack (12): a layout runs bucket B from the graphs only
   // when its attention heads per rank * B^2 <= it (the mask kernels', whose scores one call
   // holds; over it they fall back to a kernel per length, which no graph captures); >= 0.

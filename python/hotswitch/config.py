@@ -188,6 +188,13 @@ class RuntimeConfig:
     measured saving per layer (replacing a given one). None, under ``probe`` only: until a
     saving is measured the graphs are priced as saving nothing."""
 
+    graph_layouts: Optional[Sequence[Union[str, Layout]]] = None
+    """Under ``graph_buckets``, the candidate layouts whose models capture CUDA graphs, as
+    ``Layout`` objects or names (None: every candidate that can). Each such model keeps its
+    graphs' weight copies while other layouts run, which the planner holds in every layout's
+    memory (``CostModel(graph_layouts=...)``): with many candidates, naming a few leaves the
+    others room for larger micro-batches. The layouts not named run as without graph buckets."""
+
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
         check_choice("grad_method", self.grad_method, GRAD_METHODS)
@@ -243,6 +250,35 @@ class RuntimeConfig:
                                  f"hotswitch.calibration.measure_micro_batch(..., graphs=True)), got {g!r}")
         elif self.graph_layer_overhead_seconds is not None:
             raise ValueError(f"graph_layer_overhead_seconds ({self.graph_layer_overhead_seconds!r}) needs graph_buckets")
+        if self.graph_layouts is not None:
+            if self.graph_buckets is None:
+                raise ValueError(f"graph_layouts ({self.graph_layouts!r}) needs graph_buckets")
+            self.graph_layout_names()
+
+    def graph_layout_names(self) -> Optional[List[str]]:
+        """``graph_layouts`` as layout names (``Layout.name``), or None: every layout that can
+        capture graphs does. ``ValueError`` for a name that is no layout, a repeat, or an empty
+        list."""
+        if self.graph_layouts is None:
+            return None
+        if isinstance(self.graph_layouts, (str, Layout)) or not isinstance(self.graph_layouts, (list, tuple)) or \
+                not self.graph_layouts:
+            raise ValueError(f"graph_layouts must be a non-empty list of layouts or their names (or None: every "
+                             f"layout that can), got {self.graph_layouts!r}")
+        names = []
+        for i, v in enumerate(self.graph_layouts):
+            if isinstance(v, Layout):
+                names.append(v.name)
+            elif isinstance(v, str):
+                try:
+                    names.append(Layout.parse(v).name)
+                except ValueError as e:
+                    raise ValueError(f"graph_layouts[{i}] is {v!r}, not a layout name like 'dp2tp2': {e}") from None
+            else:
+                raise ValueError(f"graph_layouts[{i}] must be a Layout or a name like 'dp2tp2', got {v!r}")
+            if names[-1] in names[:-1]:
+                raise ValueError(f"graph_layouts names {names[-1]} twice")
+        return names
 
     @property
     def tp_overlap(self) -> float:
@@ -269,6 +305,8 @@ class RuntimeConfig:
             out["graph_copy_param_bytes"] = 2  # bfloat16 and float16
         if graph_max_scores is not None:
             out["graph_max_scores"] = int(graph_max_scores)
+        if self.graph_layouts is not None:
+            out["graph_layouts"] = self.graph_layout_names()
         return out
 
     def digest_fields(self) -> tuple:

@@ -216,6 +216,10 @@ class Runtime:
         if s.fixed_plan is not None:
             fixed = load_fixed_plan(s.fixed_plan, self.world, config, max_context)
             self.candidates = with_fixed_layouts(self.candidates, fixed)
+        names = [c.name for c in self.candidates]
+        stray = [n for n in s.graph_layout_names() or [] if n not in names]
+        if stray:
+            raise ValueError(f"graph_layouts {stray} are not among the candidate layouts {names}")
         hardware = HardwareProfile.preset("a800") if s.hardware is None else s.hardware
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)
@@ -320,9 +324,10 @@ class Runtime:
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
         """The graph buckets of ``layout``'s model: the settings' where the layout runs graphs
-        (pp and cp 1, every bucket a multiple of its tp: ``LayoutTerms.graphs``), else None."""
+        (pp and cp 1, every bucket a multiple of its tp, among ``graph_layouts``:
+        ``LayoutTerms.graphs``), else None."""
         buckets = self.settings.graph_buckets
-        return list(buckets) if runs_graphs(layout, buckets) else None
+        return list(buckets) if runs_graphs(layout, buckets, layouts=self.settings.graph_layout_names()) else None
 
     def _planned_scale(self) -> Dict[str, float]:
         """The factor on each layout's predicted times: the re-calibration's for the layouts it

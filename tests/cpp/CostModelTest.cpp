@@ -662,6 +662,18 @@ TEST(CostModelTest, GraphCopiesAreHeldInEveryLayoutsStaticMemory) {
   const PhaseBatches batches{{{5}}, {{3}}};
   EXPECT_EQ(held.phase(Layout(2, 1, 1), batches).peakBytes, graphs.phase(Layout(2, 1, 1), batches).peakBytes + 1000);
   EXPECT_THROW(graphs.withGraphCopiesHeld(-1), InvalidArgument);
+  // Only the layouts named in graphLayouts capture graphs and keep copies.
+  CostOptions named = options;
+  named.graphLayouts = std::vector<std::string>{"tp2"};
+  const CostModel tp2Only(tiny(), unitHardware(), Topology(2, 2), named);
+  EXPECT_EQ(tp2Only.graphCopyBytes(Layout(2, 1, 1)), 0);
+  EXPECT_FALSE(tp2Only.terms(Layout(2, 1, 1)).graphs);
+  EXPECT_EQ(tp2Only.graphCopyBytes(Layout(1, 2, 1)), graphs.graphCopyBytes(Layout(1, 2, 1)));
+  EXPECT_TRUE(tp2Only.terms(Layout(1, 2, 1)).graphs);
+  named.graphLayouts = std::vector<std::string>{"tp2", "tp2"};
+  EXPECT_THROW(CostModel(tiny(), unitHardware(), Topology(2, 2), named), InvalidArgument);
+  named.graphLayouts = std::vector<std::string>{"tp02"};  // not as Layout::name writes it
+  EXPECT_THROW(CostModel(tiny(), unitHardware(), Topology(2, 2), named), InvalidArgument);
 }
 
 TEST(CostModelTest, APhaseIsPricedWithTheGraphBucketsItRanWith) {

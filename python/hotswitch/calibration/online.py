@@ -157,7 +157,7 @@ class OnlineCalibration:
         if not isinstance(graph_tokens, (list, tuple)) or [len(r) for r in graph_tokens] != shape:
             raise ValueError(f"graph_tokens must hold one entry per micro-batch of each replica {shape}, got "
                              f"{graph_tokens!r}")
-        graphs = runs_graphs(layout, buckets, recompute)
+        graphs = runs_graphs(layout, buckets, recompute, self.graphs.get("graph_layouts"))
         for r, (replica, row) in enumerate(zip(batches, graph_tokens)):
             for k, (micro, b) in enumerate(zip(replica, row)):
                 if isinstance(b, bool) or not isinstance(b, int) or (
@@ -188,7 +188,7 @@ class OnlineCalibration:
         if not self.graphs:
             raise ValueError("observe_graph_saving needs graph buckets (OnlineCalibration(graphs=...))")
         buckets = list(self.graphs["graph_buckets"])
-        if not runs_graphs(layout, buckets):
+        if not runs_graphs(layout, buckets, layouts=self.graphs.get("graph_layouts")):
             raise ValueError(f"observe_graph_saving: layout {layout} runs no CUDA graphs at the graph buckets "
                              f"{buckets} (pp and cp 1, every bucket a multiple of tp)")
         if (not isinstance(graph_tokens, (list, tuple)) or not graph_tokens or

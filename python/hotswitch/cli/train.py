@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--graph-layer-overhead", type=float, default=None, metavar="SECONDS",
                    help="fixed seconds per layer of a micro-batch run from the graphs, as benchmarks.microbatch "
                         "--graphs measures it on the device (default with --probe: measured at start-up)")
+    t.add_argument("--graph-layouts", default=None, metavar="L1,L2,...",
+                   help="with --graph-buckets and --hot-switch: the candidate layouts that capture CUDA graphs, "
+                        "e.g. dp4tp2,dp2tp4 (default: every one that can); each keeps its graphs' weight copies "
+                        "while the others run, which takes memory from every layout's micro-batches")
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -435,7 +439,9 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         min_gain=args.min_gain, fixed_plan=args.fixed_plan,
         home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
         trust_error=args.trust_error, explore=args.explore, probe=args.probe, compile_layers=args.compile_layers,
-        graph_buckets=args.graph_buckets, graph_layer_overhead_seconds=args.graph_layer_overhead)
+        graph_buckets=args.graph_buckets, graph_layer_overhead_seconds=args.graph_layer_overhead,
+        graph_layouts=None if args.graph_layouts is None else
+        [n.strip() for n in args.graph_layouts.split(",") if n.strip()])
 
 
 def loss_scaling(args: argparse.Namespace) -> Optional[LossScaling]:

@@ -9,13 +9,14 @@ from hotswitch.specs import llama_tensor_set
 __all__ = ["TransformerConfig", "DTYPES", "COMPUTE_DTYPES", "runs_graphs"]
 
 
-def runs_graphs(layout, buckets, recompute: str = "none") -> bool:
+def runs_graphs(layout, buckets, recompute: str = "none", layouts=None) -> bool:
     """Whether ``layout``'s layers run from CUDA graphs at the graph ``buckets`` (token
     counts; None or empty: no graphs) under ``recompute``: one stage and no context
     parallelism, every bucket a multiple of tp (a padded pack cuts into equal
-    sequence-parallel slices), activations kept. The cost model's ``LayoutTerms.graphs``."""
+    sequence-parallel slices), activations kept, and the layout among ``layouts`` (names;
+    None: every layout). The cost model's ``LayoutTerms.graphs``."""
     return bool(buckets) and layout.pp == 1 and layout.cp == 1 and recompute != "full" and \
-        all(b % layout.tp == 0 for b in buckets)
+        all(b % layout.tp == 0 for b in buckets) and (layouts is None or layout.name in layouts)
 
 DTYPES = ("float32", "bfloat16", "float16")
 COMPUTE_DTYPES = ("bfloat16", "float16")

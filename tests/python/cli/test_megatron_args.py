@@ -21,7 +21,7 @@ OWN = {"--help", "--global-batch-tokens", "--hot-switch", "--candidate-layouts",
        "--no-explore", "--probe", "--no-probe", "--timeout", "--dry-run", "--dry-run-gpus",
        "--dry-run-gpus-per-node", "--dry-run-steps", "--global-batch-documents", "--no-recalibrate",
        "--document-unit", "--long-sequences", "--max-files", "--resume", "--no-progress", "--summary-json",
-       "--metrics-file", "--compile-layers", "--graph-buckets", "--graph-layer-overhead"}
+       "--metrics-file", "--compile-layers", "--graph-buckets", "--graph-layer-overhead", "--graph-layouts"}
 
 
 def _options():

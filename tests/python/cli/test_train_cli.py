@@ -289,6 +289,13 @@ def test_graph_buckets_reach_the_runtime_config_with_their_overhead():
     parsed = cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048,4096", "--graph-layer-overhead", "2e-4"], 1)
     settings = cli.runtime_config(parsed, 1)
     assert settings.graph_buckets == [2048, 4096] and settings.graph_layer_overhead_seconds == 2e-4
+    assert settings.graph_layouts is None
+    named = cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048", "--graph-layer-overhead",
+                                               "2e-4", "--graph-layouts", "dp2tp4, dp4tp2"], 1), 1)
+    assert named.graph_layout_names() == ["dp2tp4", "dp4tp2"]
+    with pytest.raises(ValueError, match="graph_layouts names dp2tp4 twice"):
+        cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048", "--graph-layer-overhead", "2e-4",
+                                           "--graph-layouts", "dp2tp4,dp2tp4"], 1), 1)
     assert cli.runtime_config(cli.parse_args(["--lr", "1e-3"], 1), 1).graph_buckets is None
     with pytest.raises(ValueError, match="graph_buckets needs graph_layer_overhead_seconds .* or probe=True"):
         cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048"], 1), 1)

@@ -88,3 +88,25 @@ def test_the_programs_estimate_finds_the_phases_that_graphs_make_cheap():
     from hotswitch.analysis import milp
     with pytest.raises(ValueError, match="does not model CUDA graph buckets; candidates dp8, dp4tp2, dp2tp4 run them"):
         milp.solve(weighed, lengths)
+
+
+def test_only_the_named_graph_layouts_hold_copies_and_run_graphs():
+    # graph_layouts: dp4tp2 alone captures graphs. dp8 runs as without buckets and keeps no
+    # copies; every layout's memory holds dp4tp2's copies only, so dp8's micro-batch budget
+    # is larger than when every layout that can captures graphs.
+    model, hw, topology = hs.ModelConfig.preset("llama-7b"), hs.HardwareProfile.preset("a100"), hs.Topology(8, 8)
+    layouts = [hs.Layout.parse(n) for n in ("dp8", "dp4tp2", "tp2pp4")]
+    n = len(layouts)
+    zeros = ([[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
+    graphs = dict(graph_buckets=[4096, 8192], graph_layer_overhead_seconds=1e-4)
+    every = hs.Planner(hs.CostModel(model, hw, topology, zero=True, **graphs), layouts, 0, *zeros)
+    named = hs.Planner(hs.CostModel(model, hw, topology, zero=True, graph_layouts=["dp4tp2"], **graphs), layouts, 0,
+                       *zeros)
+    plain = hs.Planner(hs.CostModel(model, hw, topology, zero=True), layouts, 0, *zeros)
+    copies = [named.cost.graph_copy_bytes(l) for l in layouts]
+    assert copies[0] == 0 and copies[1] == every.cost.graph_copy_bytes(layouts[1]) > 0 and copies[2] == 0
+    assert named.cost.graph_copies_held_bytes == copies[1] < every.cost.graph_copies_held_bytes
+    assert [named.cost.terms(l).graphs for l in layouts] == [False, True, False]
+    assert [every.cost.terms(l).graphs for l in layouts] == [True, True, False]
+    assert every.micro_batch_budget(0) < named.micro_batch_budget(0) < plain.micro_batch_budget(0)
+    assert named.candidate_model(0).graph_buckets == [] and named.candidate_model(1).graph_buckets

@@ -453,10 +453,11 @@ def test_compiled_layers_train_as_the_eager_runtime_across_switches():
         np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("fixed,buckets,graphed", [
-    ([[60, "dp2"], [256, "tp2"]], [64, 128, 256], {"dp2"}),
-    ([[60, "tp2"], [256, "dp2"]], [64, 256], {"tp2"})])
-def test_graph_buckets_train_as_the_unpadded_runtime_across_switches(fixed, buckets, graphed):
+@pytest.mark.parametrize("fixed,buckets,graphed,graph_layouts", [
+    ([[60, "dp2"], [256, "tp2"]], [64, 128, 256], {"dp2"}, None),
+    ([[60, "tp2"], [256, "dp2"]], [64, 256], {"tp2"}, None),
+    ([[60, "tp2"], [256, "dp2"]], [64, 256], set(), ["dp2"])])
+def test_graph_buckets_train_as_the_unpadded_runtime_across_switches(fixed, buckets, graphed, graph_layouts):
     # RuntimeConfig.graph_buckets: the micro-batches that the plan pads to a bucket run from the
     # graphed layers, under dp2 and under the home tp2 alike (every bucket a multiple of 2),
     # where their attention is static here: packs of up to 64 tokens (at 8 heads, 4 per tp2
@@ -464,8 +465,10 @@ def test_graph_buckets_train_as_the_unpadded_runtime_across_switches(fixed, buck
     # (over 64) run as they are; in the second it holds the short ones, packed to the one
     # static bucket: the planner knows the attention's bound (graph_max_scores), so it does
     # not pack them to 256, which would take them in fewer, larger packs whose attention is
-    # not static and that run as they are. Trains as without buckets, fp32 within 1e-5.
-    out = run_world(2, w.train_graphed, ["dp2", "tp2"], fixed, "tp2", buckets, timeout=600)
+    # not static and that run as they are. In the third only dp2's model captures graphs
+    # (graph_layouts): tp2's short sequences run as they are. Trains as without buckets, fp32
+    # within 1e-5.
+    out = run_world(2, w.train_graphed, ["dp2", "tp2"], fixed, "tp2", buckets, graph_layouts, timeout=600)
     (steps, weights), (ref_steps, ref_weights) = out[0][True], out[0][False]
     assert [s[1] for s in steps] == [s[1] for s in ref_steps]
     assert any(len(s[1]) > 1 for s in steps), steps  # some step switched
@@ -531,3 +534,21 @@ def test_graph_buckets_need_their_overhead_and_good_values():
         hs.RuntimeConfig(graph_layer_overhead_seconds=0.1)
     with pytest.raises(ValueError, match="graph_layer_overhead_seconds must be finite seconds >= 0 .*got -1"):
         hs.RuntimeConfig(graph_buckets=[64], graph_layer_overhead_seconds=-1)
+    # graph_layouts: the layouts whose models capture graphs, by name, to the cost model.
+    named = hs.RuntimeConfig(graph_buckets=[64], graph_layer_overhead_seconds=0.0,
+                             graph_layouts=[hs.Layout.parse("dp2"), "tp2"])
+    assert named.graph_layout_names() == ["dp2", "tp2"] and named.graph_options(hw)["graph_layouts"] == ["dp2", "tp2"]
+    assert hs.CostModel(cost, hw, hs.Topology(2, 2), **named.graph_options(hw)).graph_layouts == ["dp2", "tp2"]
+    for bad, match in [(dict(graph_layouts=["dp2"]), r"graph_layouts \(\['dp2'\]\) needs graph_buckets"),
+                       (dict(graph_buckets=[64], graph_layouts="dp2"), "must be a non-empty list of layouts"),
+                       (dict(graph_buckets=[64], graph_layouts=[]), "must be a non-empty list of layouts"),
+                       (dict(graph_buckets=[64], graph_layouts=["dp2", "xy2"]), r"graph_layouts\[1\] is 'xy2', not a "
+                                                                                  r"layout name"),
+                       (dict(graph_buckets=[64], graph_layouts=["dp2", 2]), r"graph_layouts\[1\] must be a Layout"),
+                       (dict(graph_buckets=[64], graph_layouts=["dp2", "dp2"]), "names dp2 twice")]:
+        with pytest.raises(ValueError, match=match):
+            hs.RuntimeConfig(**dict(dict(graph_layer_overhead_seconds=0.0) if "graph_buckets" in bad else {}, **bad))
+    with pytest.raises(ValueError, match="graph_layouts lists 'dp2' twice"):
+        hs.CostModel(cost, hw, hs.Topology(2, 2), graph_buckets=[64], graph_layouts=["dp2", "dp2"])
+    with pytest.raises(ValueError, match="expected 'dp2tp2', got 'tp2dp2'"):
+        hs.CostModel(cost, hw, hs.Topology(4, 4), graph_buckets=[64], graph_layouts=["tp2dp2"])

@@ -431,9 +431,9 @@ def train_compiled(rank, world, candidates, fixed_plan, home):
     return out
 
 
-def train_graphed(rank, world, candidates, fixed_plan, home, buckets):
+def train_graphed(rank, world, candidates, fixed_plan, home, buckets, graph_layouts=None):
     """Two fp32 runs of two of STEPS under one fixed plan from ``home``, without and with
-    graph buckets (on a profile whose fixed cost per layer, 50 ms, graphs cut to nothing: the
+    graph buckets (captured by ``graph_layouts``' models, None: every one that can; on a profile whose fixed cost per layer, 50 ms, graphs cut to nothing: the
     plans pad what a bucket holds). Per run: per step (loss, layouts, per phase the tokens of
     this rank's replica's packs as the layers ran them: the bucket a pack was padded to where
     it ran from the graphs, else 0), and the full weights (rank 0)."""
@@ -452,7 +452,8 @@ def train_graphed(rank, world, candidates, fixed_plan, home, buckets):
     hs.ParallelTransformer._contexts = recorded
     out = {}
     for graphs in (False, True):
-        extra = dict(graph_buckets=buckets, graph_layer_overhead_seconds=0.0) if graphs else {}
+        extra = dict(graph_buckets=buckets, graph_layer_overhead_seconds=0.0, graph_layouts=graph_layouts) \
+            if graphs else {}
         rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=profile, max_context=MAX_CONTEXT,
                         seed=7, recalibrate=False, fixed_plan=fixed_plan, **extra,
                         optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
