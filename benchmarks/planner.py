@@ -43,10 +43,14 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
   GPUs (32 only with ``--quick``); switch costs from receive volumes. Planning time with cp
   layouts among the candidates: ``plan_ms_p50_1024seq_32gpu_cp`` (32K context, as the first).
 - CUDA graph buckets (1K-16K tokens), graphed layers assumed to keep a tenth of the fixed
-  cost per layer: the planner whose program weighs the buckets over the same planner whose
-  program does not (``sim_speedup_graph_estimate``; both pack phases exactly with graphs),
-  and over the best static layout per step under the same graphs
-  (``sim_speedup_vs_static_graphs``); 8 and 32 GPUs (8 with ``--quick``).
+  cost per layer, 8 and 32 GPUs (8 with ``--quick``): the planner whose program weighs the
+  buckets over the same planner whose program does not (``sim_speedup_graph_estimate``; both
+  pack phases exactly with graphs); graphs captured only by the home and the layouts plans
+  use on probe batches (``graph_layouts``) over every layout capturing them
+  (``sim_speedup_graph_layouts``: each layout's weight copies take memory from all), over no
+  graph buckets (``sim_speedup_graphs_vs_none``), over the best static layout per step and
+  over the best layout fixed for the run under the same graphs
+  (``sim_speedup_vs_static_graphs``, ``sim_speedup_vs_static_run_graphs``).
 
     .venv/bin/python -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
 """
@@ -343,35 +347,65 @@ def context_parallel(dists, hardware, steps, seed, gpu_counts=CP_GPUS) -> dict:
 def graph_estimates(dists, hardware, steps, seed, gpu_counts=GRAPH_GPUS) -> dict:
     """Hot switching under CUDA graph buckets whose graphs cut the fixed cost per layer to
     ``GRAPH_OVERHEAD_SHARE`` of the profile's (an assumption: the fixed cost a graphed layer keeps
-    is unmeasured on a GPU), with the program's estimate weighing the buckets against the same
-    planner whose estimate does not (``graph_estimate=False``; both pack every phase exactly,
-    graphs weighed): ``sim_speedup_graph_estimate``; and the weighing planner over the best
-    static layout of each step under the same graphs: ``sim_speedup_vs_static_graphs``."""
+    is unmeasured on a GPU). Per distribution and GPU count, on the same steps:
+
+    - ``sim_speedup_graph_estimate``: the program's estimate weighing the buckets over the same
+      planner whose estimate does not (``graph_estimate=False``; both pack every phase exactly,
+      graphs weighed), every layout that can capturing graphs;
+    - ``sim_speedup_graph_layouts``: graphs captured only by the home and the layouts the
+      planner without graphs uses on probe batches (``graph_layouts``) over every layout
+      capturing them, whose weight copies all take memory;
+    - ``sim_speedup_graphs_vs_none``: that planner over the planner without graph buckets;
+    - ``sim_speedup_vs_static_graphs``: it over the best static layout of each step, and
+      ``sim_speedup_vs_static_run_graphs`` over the best layout fixed for the run, which
+      alone captures graphs and holds its copies (``static_run_seconds``)."""
     model = hs.ModelConfig.preset(MODEL)
     graphs = dict(graph_buckets=list(GRAPH_BUCKETS), graph_copy_param_bytes=2,
                   graph_layer_overhead_seconds=GRAPH_OVERHEAD_SHARE * hardware.layer_overhead_seconds)
-    gain, vs_static = {}, {}
+    out = {k: {} for k in ("sim_speedup_graph_estimate", "sim_speedup_graph_layouts", "sim_speedup_graphs_vs_none",
+                           "sim_speedup_vs_static_graphs", "sim_speedup_vs_static_run_graphs", "graph_layouts")}
     for name, lengths in dists.items():
         for gpus in gpu_counts:
             topology = hs.Topology(gpus, GPUS_PER_NODE)
             candidates = planning.auto_candidates(model, gpus, 1)
             n = len(candidates)
-            probe = hs.Planner(hs.CostModel(model, hardware, topology, zero=True, **graphs), candidates, 0,
+            probe = hs.Planner(hs.CostModel(model, hardware, topology, zero=True), candidates, 0,
                                [[0.0] * n for _ in range(n)], [0.0] * n, **OPTIONS)
             home = probe.plan([MAX_CONTEXT] * SEQUENCES_PER_GPU).best_static_candidate
             costs = planning.switch_costs(model, hardware, topology, candidates, home)
-            sims = {}
-            for weighed in (True, False):
+            plain = planning.build_planner(model, hardware, topology, candidates, home, costs=costs, **OPTIONS)
+            rng = random.Random(seed + 2)  # probe batches: not the simulated ones
+            used = {candidates[home].name} | {ph.layout.name for _ in range(HOME_WINDOW) for ph in plain.plan(
+                [rng.choice(lengths) for _ in range(SEQUENCES_PER_GPU * gpus)]).phases}
+            named = [c.name for c in candidates if c.name in used]
+            runs = {}
+            for key, options in (("blind", dict(graphs=graphs, graph_estimate=False)), ("every", dict(graphs=graphs)),
+                                 ("named", dict(graphs=dict(graphs, graph_layouts=named))), ("none", {})):
                 planner = planning.build_planner(model, hardware, topology, candidates, home, costs=costs,
-                                                 graphs=graphs, graph_estimate=weighed, **OPTIONS)
-                sims[weighed] = simulate(planner, lengths, steps, SEQUENCES_PER_GPU * gpus, seed=seed + 1)
-            gain.setdefault(name, {})[str(gpus)] = sims[False]["hot_s"] / sims[True]["hot_s"]
-            vs_static.setdefault(name, {})[str(gpus)] = sims[True]["static_s"] / sims[True]["hot_s"]
+                                                 **options, **OPTIONS)
+                runs[key] = simulate(planner, lengths, steps, SEQUENCES_PER_GPU * gpus, seed=seed + 1,
+                                     static_run=dict(OPTIONS) if key == "every" else None)
+            key = str(gpus)
+            hot = {k: r["hot_s"] for k, r in runs.items()}
+            out["sim_speedup_graph_estimate"].setdefault(name, {})[key] = hot["blind"] / hot["every"]
+            out["sim_speedup_graph_layouts"].setdefault(name, {})[key] = hot["every"] / hot["named"]
+            out["sim_speedup_graphs_vs_none"].setdefault(name, {})[key] = hot["none"] / hot["named"]
+            out["sim_speedup_vs_static_graphs"].setdefault(name, {})[key] = runs["named"]["static_s"] / hot["named"]
+            # Each layout alone captures its own graphs and holds its copies only.
+            out["sim_speedup_vs_static_run_graphs"].setdefault(name, {})[key] = \
+                runs["every"]["static_run_s"] / hot["named"]
+            out["graph_layouts"].setdefault(name, {})[key] = named
             print(f"graphs ({GRAPH_OVERHEAD_SHARE:.0%} of the fixed cost per layer), {name}, {gpus} GPUs, home "
-                  f"{candidates[home].name}: estimate weighing the buckets {gain[name][str(gpus)]:.4f}x over not; "
-                  f"{vs_static[name][str(gpus)]:.4f}x over the best static layout per step")
-    return {"graph_overhead_share": GRAPH_OVERHEAD_SHARE, "graph_buckets": list(GRAPH_BUCKETS),
-            "sim_speedup_graph_estimate": gain, "sim_speedup_vs_static_graphs": vs_static}
+                  f"{candidates[home].name}: estimate weighing the buckets "
+                  f"{out['sim_speedup_graph_estimate'][name][key]:.4f}x over not; graphs only in "
+                  f"{','.join(named)} {out['sim_speedup_graph_layouts'][name][key]:.4f}x over in every layout, "
+                  f"{out['sim_speedup_graphs_vs_none'][name][key]:.4f}x over no graphs, "
+                  f"{out['sim_speedup_vs_static_graphs'][name][key]:.4f}x over the best static layout per step, "
+                  f"{out['sim_speedup_vs_static_run_graphs'][name][key]:.4f}x over "
+                  f"{runs['every']['static_run']} fixed for the run")
+    out["graph_overhead_share"] = GRAPH_OVERHEAD_SHARE
+    out["graph_buckets"] = list(GRAPH_BUCKETS)
+    return out
 
 
 def main(argv=None) -> int:
