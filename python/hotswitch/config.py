@@ -255,6 +255,14 @@ class RuntimeConfig:
                 raise ValueError(f"graph_layouts ({self.graph_layouts!r}) needs graph_buckets")
             self.graph_layout_names()
 
+    def check_graph_layouts(self, candidates) -> None:
+        """``ValueError`` when ``graph_layouts`` names a layout that is not among ``candidates``
+        (the candidate layouts of the run)."""
+        names = [c.name for c in candidates]
+        stray = [n for n in self.graph_layout_names() or [] if n not in names]
+        if stray:
+            raise ValueError(f"graph_layouts {stray} are not among the candidate layouts {names}")
+
     def graph_layout_names(self) -> Optional[List[str]]:
         """``graph_layouts`` as layout names (``Layout.name``), or None: every layout that can
         capture graphs does. ``ValueError`` for a name that is no layout, a repeat, or an empty

@@ -216,10 +216,7 @@ class Runtime:
         if s.fixed_plan is not None:
             fixed = load_fixed_plan(s.fixed_plan, self.world, config, max_context)
             self.candidates = with_fixed_layouts(self.candidates, fixed)
-        names = [c.name for c in self.candidates]
-        stray = [n for n in s.graph_layout_names() or [] if n not in names]
-        if stray:
-            raise ValueError(f"graph_layouts {stray} are not among the candidate layouts {names}")
+        s.check_graph_layouts(self.candidates)
         hardware = HardwareProfile.preset("a800") if s.hardware is None else s.hardware
         if s.memory_budget_bytes is not None:
             hardware = _with_memory(hardware, s.memory_budget_bytes)

@@ -190,7 +190,8 @@ class OnlineCalibration:
         buckets = list(self.graphs["graph_buckets"])
         if not runs_graphs(layout, buckets, layouts=self.graphs.get("graph_layouts")):
             raise ValueError(f"observe_graph_saving: layout {layout} runs no CUDA graphs at the graph buckets "
-                             f"{buckets} (pp and cp 1, every bucket a multiple of tp)")
+                             f"{buckets} (pp and cp 1, every bucket a multiple of tp, among graph_layouts "
+                             f"{self.graphs.get('graph_layouts')})")
         if (not isinstance(graph_tokens, (list, tuple)) or not graph_tokens or
                 any(isinstance(b, bool) or not isinstance(b, int) or not self._static(layout, b) for b in graph_tokens)):
             raise ValueError(f"observe_graph_saving: graph_tokens must list the graph bucket of each micro-batch "

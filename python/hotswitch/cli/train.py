@@ -762,6 +762,7 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     if settings.fixed_plan is not None:
         candidates = with_fixed_layouts(candidates, load_fixed_plan(settings.fixed_plan, world, config,
                                                                     settings.max_context))
+    settings.check_graph_layouts(candidates)
     modes = ["none", "selective", "full"] if settings.recompute == "auto" else [settings.recompute]
     options = dict(max_context=settings.max_context, recompute=modes, min_gain=settings.min_gain,
                    max_tokens_per_micro_batch=settings.max_tokens_per_micro_batch or 0)

@@ -281,6 +281,11 @@ def test_the_dry_run_plans_the_training_command_without_a_process_group(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     assert "graph buckets [64, 256] with the sdpa attention a GPU selects: static while heads per rank * " \
            "tokens^2 <= 16777216" in out.stdout, out.stdout[:2000]
+    out = subprocess.run([sys.executable, "-m", "hotswitch.train", *MODEL, *COMMON, "--candidate-layouts", "dp4,dp2tp2",
+                          "--graph-buckets", "64,256", "--graph-layer-overhead", "1e-4", "--graph-layouts", "dp2tp2,tp4",
+                          "--dry-run", "--dry-run-gpus", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "graph_layouts ['tp4'] are not among the candidate layouts ['dp4', 'dp2tp2']" in \
+        out.stderr, out.stderr[-2000:]
 
 
 def test_graph_buckets_reach_the_runtime_config_with_their_overhead():
