@@ -266,7 +266,13 @@ int64_t CostModel::graphCopyBytes(const Layout& layout) const {
   for (const auto& [k, n] : model_.layerMatrices(tp)) matrices += k * n;
   for (const auto& [k, n] : model_.layerMatrices(1)) whole += k * n;
   const int64_t bytes = options_.graphCopyParamBytes > 0 ? options_.graphCopyParamBytes : model_.paramBytes;
-  return model_.numLayers * (matrices * bytes + (model_.layerParams() - whole) * model_.paramBytes);
+  int64_t out = model_.numLayers * (matrices * bytes + (model_.layerParams() - whole) * model_.paramBytes);
+  // Computing in a narrower dtype, an untied head computes through a copy too (its shard of
+  // the vocabulary), which the model keeps with the layers' while other layouts run.
+  if (options_.graphCopyParamBytes > 0 && !model_.tiedEmbeddings) {
+    out += (model_.vocabSize + tp - 1) / tp * model_.hiddenSize * options_.graphCopyParamBytes;
+  }
+  return out;
 }
 
 CostModel CostModel::withGraphCopiesHeld(int64_t bytes) const {

@@ -317,8 +317,9 @@ class CostModel {
   int64_t staticBytes(const Layout& layout) const;
   // Bytes of the weight copies a rank of the layout keeps for its CUDA graphs (12), whose
   // addresses the graphs captured: every layer's matrices of its shard at
-  // CostOptions::graphCopyParamBytes, its norms whole at param bytes; 0 for a layout that runs
-  // no graphs (pp or cp > 1, a bucket not a multiple of tp, no buckets).
+  // CostOptions::graphCopyParamBytes, its norms whole at param bytes, and where that is set
+  // (a narrower compute dtype) an untied head's shard at it too; 0 for a layout that runs no
+  // graphs (pp or cp > 1, a bucket not a multiple of tp, no buckets, not in graphLayouts).
   int64_t graphCopyBytes(const Layout& layout) const;
   // The same model with `bytes` of graph copies held.
   CostModel withGraphCopiesHeld(int64_t bytes) const;

@@ -642,7 +642,13 @@ TEST(CostModelTest, GraphCopiesAreHeldInEveryLayoutsStaticMemory) {
   EXPECT_EQ(graphs.graphCopyBytes(Layout(1, 2, 1)), 2 * (640 / 2 + 16) * bytes);
   CostOptions narrow = options;
   narrow.graphCopyParamBytes = 1;  // matrices copied narrower than the parameters are kept
+  // The untied head then computes through a copy too: its shard of 10 / 2 rows of 8.
+  EXPECT_FALSE(tiny().tiedEmbeddings);
   EXPECT_EQ(CostModel(tiny(), unitHardware(), Topology(2, 2), narrow).graphCopyBytes(Layout(1, 2, 1)),
+            2 * (640 / 2 * 1 + 16 * bytes) + 10 / 2 * 8 * 1);
+  ModelConfig tied = tiny();
+  tied.tiedEmbeddings = true;  // a tied head stays with the embedding on its stage: no copy
+  EXPECT_EQ(CostModel(tied, unitHardware(), Topology(2, 2), narrow).graphCopyBytes(Layout(1, 2, 1)),
             2 * (640 / 2 * 1 + 16 * bytes));
   narrow.graphCopyParamBytes = -2;
   EXPECT_THROW(CostModel(tiny(), unitHardware(), Topology(2, 2), narrow), InvalidArgument);
