@@ -611,6 +611,9 @@ def graph_bucket_errors(rank, world):
                 messages.append(None)
             except ValueError as e:
                 messages.append(str(e))
+        # Both ranks built pp2's groups just now: neither exits while the other still connects
+        # to it (gloo: "connection closed by peer").
+        torch.distributed.barrier()
         return messages
     layout = hs.Layout.parse("dp1")
     groups = hs.ParallelGroups(layout)
