@@ -181,19 +181,29 @@ def _import_flex():
     return create_block_mask, flex_attention
 
 
+def _flash_shape(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the flash kernels take ``dtype`` and ``head_dim``: half precision, head dims
+    that are multiples of 8 up to 256."""
+    return dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
+
+
+def _flex_shape(head_dim: int) -> bool:
+    """Whether FlexAttention's Triton kernels take ``head_dim``: powers of two from 16."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 def available_kernels(device: torch.device, dtype: torch.dtype, head_dim: int) -> List[str]:
     """The kernels that run here for ``device`` (its type), compute ``dtype`` and
     ``head_dim``, most preferred first (always ends with ``masked``, ``grouped``)."""
     out = []
     if device.type == "cuda":
-        flash_shape = dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
+        flash_shape = _flash_shape(dtype, head_dim)
         if flash_shape and _import_flash() is not None:
             out.append("flash_attn")
         if flash_shape and torch.cuda.get_device_capability(device)[0] >= 8 and _import_varlen() is not None and \
                 _varlen_runs(torch.device(device), dtype, head_dim):
             out.append("varlen")
-        # FlexAttention's Triton kernels take head dims that are powers of two from 16.
-        if head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _import_flex() is not None:
+        if _flex_shape(head_dim) and _import_flex() is not None:
             out.append("flex")
     return out + ["sdpa", "masked", "grouped"]
 
@@ -206,10 +216,9 @@ def cuda_kernel(dtype: torch.dtype, head_dim: int) -> str:
     device = torch.device("cuda")
     if torch.cuda.is_available():
         return select_kernel(device, dtype, head_dim)
-    if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256 and \
-            _import_flash() is not None:
+    if _flash_shape(dtype, head_dim) and _import_flash() is not None:
         return "flash_attn"
-    if head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _import_flex() is not None:
+    if _flex_shape(head_dim) and _import_flex() is not None:
         return "flex"
     return "sdpa"
 
