@@ -375,9 +375,8 @@ def graph_estimates(dists, hardware, steps, seed, gpu_counts=GRAPH_GPUS) -> dict
             costs = planning.switch_costs(model, hardware, topology, candidates, home)
             plain = planning.build_planner(model, hardware, topology, candidates, home, costs=costs, **OPTIONS)
             rng = random.Random(seed + 2)  # probe batches: not the simulated ones
-            used = {candidates[home].name} | {ph.layout.name for _ in range(HOME_WINDOW) for ph in plain.plan(
-                [rng.choice(lengths) for _ in range(SEQUENCES_PER_GPU * gpus)]).phases}
-            named = [c.name for c in candidates if c.name in used]
+            named = planning.auto_graph_layouts(plain, [[rng.choice(lengths) for _ in range(SEQUENCES_PER_GPU * gpus)]
+                                                        for _ in range(HOME_WINDOW)])
             runs = {}
             for key, options in (("blind", dict(graphs=graphs, graph_estimate=False)), ("every", dict(graphs=graphs)),
                                  ("named", dict(graphs=dict(graphs, graph_layouts=named))), ("none", {})):

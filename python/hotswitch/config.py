@@ -188,12 +188,17 @@ class RuntimeConfig:
     measured saving per layer (replacing a given one). None, under ``probe`` only: until a
     saving is measured the graphs are priced as saving nothing."""
 
-    graph_layouts: Optional[Sequence[Union[str, Layout]]] = None
+    graph_layouts: Union[None, str, Sequence[Union[str, Layout]]] = None
     """Under ``graph_buckets``, the candidate layouts whose models capture CUDA graphs, as
     ``Layout`` objects or names (None: every candidate that can). Each such model keeps its
     graphs' weight copies while other layouts run, which the planner holds in every layout's
     memory (``CostModel(graph_layouts=...)``): with many candidates, naming a few leaves the
-    others room for larger micro-batches. The layouts not named run as without graph buckets."""
+    others room for larger micro-batches. The layouts not named run as without graph buckets.
+
+    ``"auto"``: the runtime names them itself (``Runtime.graph_layouts``): the home alone until
+    the first training step, then the home and every layout that a planner without graph
+    buckets gives that step's batch (``hotswitch.planner.auto_graph_layouts``), for the rest of
+    the process's run (a resumed run chooses again at its first step)."""
 
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
@@ -253,11 +258,19 @@ class RuntimeConfig:
         if self.graph_layouts is not None:
             if self.graph_buckets is None:
                 raise ValueError(f"graph_layouts ({self.graph_layouts!r}) needs graph_buckets")
-            self.graph_layout_names()
+            if not self.auto_graph_layouts:
+                self.graph_layout_names()
+
+    @property
+    def auto_graph_layouts(self) -> bool:
+        """Whether the runtime chooses the layouts that capture graphs (``graph_layouts="auto"``)."""
+        return isinstance(self.graph_layouts, str) and self.graph_layouts == "auto"
 
     def check_graph_layouts(self, candidates) -> None:
         """``ValueError`` when ``graph_layouts`` names a layout that is not among ``candidates``
         (the candidate layouts of the run)."""
+        if self.auto_graph_layouts:
+            return  # chosen among them
         names = [c.name for c in candidates]
         stray = [n for n in self.graph_layout_names() or [] if n not in names]
         if stray:
@@ -266,13 +279,16 @@ class RuntimeConfig:
     def graph_layout_names(self) -> Optional[List[str]]:
         """``graph_layouts`` as layout names (``Layout.name``), or None: every layout that can
         capture graphs does. ``ValueError`` for a name that is no layout, a repeat, or an empty
-        list."""
+        list, and under ``"auto"``, which names none until a runtime chooses them."""
         if self.graph_layouts is None:
             return None
+        if self.auto_graph_layouts:
+            raise ValueError("graph_layouts='auto' names no layouts until a runtime chooses them at its first step "
+                             "(Runtime.graph_layouts)")
         if isinstance(self.graph_layouts, (str, Layout)) or not isinstance(self.graph_layouts, (list, tuple)) or \
                 not self.graph_layouts:
-            raise ValueError(f"graph_layouts must be a non-empty list of layouts or their names (or None: every "
-                             f"layout that can), got {self.graph_layouts!r}")
+            raise ValueError(f"graph_layouts must be 'auto' or a non-empty list of layouts or their names (or None: "
+                             f"every layout that can), got {self.graph_layouts!r}")
         names = []
         for i, v in enumerate(self.graph_layouts):
             if isinstance(v, Layout):
@@ -296,16 +312,21 @@ class RuntimeConfig:
         return 0.0 if self.compile_layers else 1.0
 
     def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None,
-                      model=None, graph_max_scores: Optional[int] = None) -> dict:
+                      model=None, graph_max_scores: Optional[int] = None,
+                      graph_layouts: Optional[Sequence[str]] = None) -> dict:
         """The cost model's keyword arguments for the CUDA graph buckets (none without), with
         ``graph_layer_overhead_seconds`` when given (a measured one), else this config's; left to
         the probe, ``hardware``'s layer overhead: the graphs save nothing until measured. With the
         ``model`` (a ``TransformerConfig``) computing in a narrower ``compute_dtype``, the bytes of
         the matrix copies the graphs read (``graph_copy_param_bytes``). ``graph_max_scores``: the
         attention kernel's bound on a static pack where it has one
-        (``PackAttention.max_static_scores``; None: every bucket's attention is static)."""
+        (``PackAttention.max_static_scores``; None: every bucket's attention is static).
+        ``graph_layouts``: under ``"auto"``, the names chosen (needed there)."""
         if self.graph_buckets is None:
             return {}
+        if self.auto_graph_layouts and graph_layouts is None:
+            raise ValueError("graph_layouts='auto' needs the layouts chosen (graph_layouts=[names]) for the cost "
+                             "model's options")
         g = self.graph_layer_overhead_seconds if graph_layer_overhead_seconds is None else graph_layer_overhead_seconds
         out = dict(graph_buckets=sorted(self.graph_buckets),
                    graph_layer_overhead_seconds=float(hardware.layer_overhead_seconds if g is None else g))
@@ -313,7 +334,9 @@ class RuntimeConfig:
             out["graph_copy_param_bytes"] = 2  # bfloat16 and float16
         if graph_max_scores is not None:
             out["graph_max_scores"] = int(graph_max_scores)
-        if self.graph_layouts is not None:
+        if self.auto_graph_layouts:
+            out["graph_layouts"] = list(graph_layouts)
+        elif self.graph_layouts is not None:
             out["graph_layouts"] = self.graph_layout_names()
         return out
 

@@ -18,6 +18,7 @@ from hotswitch.specs import llama_tensor_set
 __all__ = [
     "PLANS_UP_TO_WORLD",
     "auto_candidates",
+    "auto_graph_layouts",
     "build_planner",
     "choose_home",
     "choose_model_orders",
@@ -423,6 +424,25 @@ def build_planner(model, hardware, topology, candidates, home, zero=True, method
     switch, reduced, partial = costs or switch_costs(model, hardware, topology, candidates, home, zero, method)
     cost = _C.CostModel(model, hardware, topology, zero=zero, tp_overlap=tp_overlap, **(graphs or {}))
     return _C.Planner(cost, candidates, home, switch, reduced, partial, **options)
+
+
+def auto_graph_layouts(planner: "_C.Planner", batches: Sequence[Sequence[int]],
+                       fixed_entries: Optional[Sequence[Tuple[int, int, str]]] = None) -> List[str]:
+    """The layouts ``graph_layouts="auto"`` names: ``planner``'s home and every layout its
+    plans of ``batches`` (sequence lengths per batch) run, by name in candidate order; with
+    ``fixed_entries`` (``fixed_plan_entries``) its fixed plans' layouts. ``planner`` plans
+    without graph buckets (``ValueError`` otherwise): under graphs every capturing layout's
+    weight copies take memory from all, which is what the choice is for."""
+    if planner.cost.graph_buckets:
+        raise ValueError(f"auto_graph_layouts needs a planner without graph buckets, got one with "
+                         f"{list(planner.cost.graph_buckets)}")
+    if isinstance(batches, (str, bytes)) or not isinstance(batches, (list, tuple)) or not batches:
+        raise ValueError(f"batches must be a non-empty list of batches of sequence lengths, got {batches!r}")
+    used = {planner.home}
+    for batch in batches:
+        plan = planner.plan(list(batch)) if fixed_entries is None else planner.plan_fixed(list(batch), fixed_entries)
+        used.update(ph.candidate for ph in plan.phases)
+    return [c.name for i, c in enumerate(planner.candidates) if i in used]
 
 
 def free_planner(planner: "_C.Planner", **options) -> "_C.Planner":

@@ -41,7 +41,7 @@ from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.groups import ParallelGroups, backend_device, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
-from hotswitch.planner import (check_candidates, choose_home, fixed_plan_entries, load_fixed_plan, plan_choice,
+from hotswitch.planner import (auto_graph_layouts, check_candidates, choose_home, fixed_plan_entries, load_fixed_plan, plan_choice,
                                redistribution_seconds, tensor_switch_costs, with_fixed_layouts)
 from hotswitch.precision import GradScaler
 from hotswitch.config import RuntimeConfig
@@ -223,7 +223,11 @@ class Runtime:
         self.hardware = hardware
         # Under graph buckets, the fixed seconds per layer of a micro-batch run from the graphs:
         # given, or the layer overhead (no saving) until the start-up probe measures it.
-        self._graph_overhead = s.graph_options(hardware).get("graph_layer_overhead_seconds")
+        g = s.graph_layer_overhead_seconds
+        self._graph_overhead = None if s.graph_buckets is None else \
+            float(hardware.layer_overhead_seconds if g is None else g)
+        self.home = None  # chosen below; graph_layouts="auto" names no layout before
+        self._chosen_graph_layouts: Optional[List[str]] = None  # graph_layouts="auto": at the first step
         self._layout_scale: Dict[str, float] = {}  # per layout, from the measured phases (re-calibration)
         self._measured: set = set()  # layouts the online calibration has observed
         self.cost = self._cost_model(hardware)
@@ -246,6 +250,8 @@ class Runtime:
             raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
                              f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
         self.home = self._home(s.home, free)
+        if s.auto_graph_layouts:
+            self.cost = self._cost_model(hardware)  # the home's graphs' copies, now that it is known
         self._costs = None
         self._plan_cache = _C.PlanCache()
         self._recent = collections.deque(maxlen=max(1, s.home_window))  # the last batches' lengths
@@ -305,26 +311,68 @@ class Runtime:
 
     # ----------------------------------------------------------------------------- set-up
 
-    def _cost_model(self, hardware) -> "_C.CostModel":
+    def _cost_model(self, hardware, graphs: bool = True) -> "_C.CostModel":
         """The planner's cost model of this runtime: its model and topology, ZeRO as set, cp
         chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
         gathers K/V before its attention call), the tp backward's overlap as its layers run
-        (``RuntimeConfig.tp_overlap``)."""
+        (``RuntimeConfig.tp_overlap``), the graph buckets as set (``graphs=False``: none)."""
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
                          cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(),
-                         tp_overlap=self.settings.tp_overlap, **self._graph_options())
+                         tp_overlap=self.settings.tp_overlap, **(self._graph_options() if graphs else {}))
 
     def _graph_options(self) -> dict:
         """The cost model's CUDA graph options: the settings' buckets, the current graph overhead,
-        the bytes of the model's weight copies, the attention's bound on a static pack."""
-        return self.settings.graph_options(self.hardware, self._graph_overhead, self.config, self._graph_max_scores)
+        the bytes of the model's weight copies, the attention's bound on a static pack, the
+        layouts that capture graphs."""
+        return self.settings.graph_options(self.hardware, self._graph_overhead, self.config, self._graph_max_scores,
+                                           graph_layouts=self.graph_layouts)
+
+    @property
+    def graph_layouts(self) -> Optional[List[str]]:
+        """The names of the candidate layouts whose models capture CUDA graphs under the graph
+        buckets (``RuntimeConfig.graph_layouts``; None: every one that can). Under ``"auto"`` the
+        home alone until the first training step chooses them (``_choose_graph_layouts``)."""
+        if not self.settings.auto_graph_layouts:
+            return self.settings.graph_layout_names()
+        if self._chosen_graph_layouts is not None:
+            return list(self._chosen_graph_layouts)
+        return [] if self.home is None else [self.home.name]
 
     def _graph_buckets(self, layout) -> Optional[List[int]]:
         """The graph buckets of ``layout``'s model: the settings' where the layout runs graphs
         (pp and cp 1, every bucket a multiple of its tp, among ``graph_layouts``:
         ``LayoutTerms.graphs``), else None."""
         buckets = self.settings.graph_buckets
-        return list(buckets) if runs_graphs(layout, buckets, layouts=self.settings.graph_layout_names()) else None
+        return list(buckets) if runs_graphs(layout, buckets, layouts=self.graph_layouts) else None
+
+    def _widen_calibration_graphs(self) -> None:
+        """Under ``graph_layouts="auto"``, the online calibration takes graphs from every layout
+        that has captured them in this process (the home before the first step, then the chosen
+        ones): its observations of earlier steps and of the probe ran under the earlier set."""
+        if self.calibration is None or not self.calibration.graphs or not self.settings.auto_graph_layouts:
+            return
+        seen = set(self.calibration.graphs.get("graph_layouts") or []) | set(self.graph_layouts)
+        self.calibration.graphs["graph_layouts"] = [c.name for c in self.candidates if c.name in seen]
+
+    def _choose_graph_layouts(self, lengths) -> None:
+        """``graph_layouts="auto"``, at the first training step (its batch's ``lengths``): the
+        home and every layout that the planner without graph buckets gives the batch
+        (``auto_graph_layouts``; the fixed plan's under ``fixed_plan``) capture graphs from now
+        on. The cost model holds their copies and the planner is rebuilt; a model built
+        without buckets before (by the probe) is built again with them."""
+        free_of_graphs = self._build_planner(cost=self._cost_model(self.hardware, graphs=False))
+        names = auto_graph_layouts(free_of_graphs, [lengths], fixed_entries=self.fixed_entries)
+        self._chosen_graph_layouts = names
+        for layout in self.candidates:
+            model = self._models.get(layout.name)
+            if model is not None and not model.graph_buckets and self._graph_buckets(layout):
+                del self._models[layout.name]
+        self._widen_calibration_graphs()
+        self.cost = self._cost_model(self.hardware)
+        self.planner = self._build_planner()
+        self._restricted = {}
+        _log.info("step %d: graph_layouts='auto' chose %s (the home and the layouts planned without graph buckets)",
+                  self.step + 1, names)
 
     def _planned_scale(self) -> Dict[str, float]:
         """The factor on each layout's predicted times: the re-calibration's for the layouts it
@@ -531,6 +579,8 @@ class Runtime:
         if targets == 0:
             raise ValueError(f"the batch has no target tokens: all {len(lengths)} sequences have length 1")
         self._apply_fit()
+        if self.settings.auto_graph_layouts and self._chosen_graph_layouts is None:
+            self._choose_graph_layouts(lengths)
         plan = self._plan(lengths)
 
         # The gradients are those of the loss times the loss scale (1 without loss scaling),
@@ -1254,6 +1304,8 @@ class Runtime:
         self._owned = None
         self._models.clear()
         self._costs = None
+        self.cost = self._cost_model(self.hardware)  # under graph_layouts="auto", the new home's graphs
+        self._widen_calibration_graphs()
         self.planner = self._build_planner()
         self._restricted = {}
         _log.info("home moved %s -> %s: masters and %d optimizer state tensors each, %d B sent by rank %d",

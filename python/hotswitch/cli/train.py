@@ -142,10 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--graph-layer-overhead", type=float, default=None, metavar="SECONDS",
                    help="fixed seconds per layer of a micro-batch run from the graphs, as benchmarks.microbatch "
                         "--graphs measures it on the device (default with --probe: measured at start-up)")
-    t.add_argument("--graph-layouts", default=None, metavar="L1,L2,...",
+    t.add_argument("--graph-layouts", default=None, metavar="L1,L2,...|auto",
                    help="with --graph-buckets and --hot-switch: the candidate layouts that capture CUDA graphs, "
                         "e.g. dp4tp2,dp2tp4 (default: every one that can); each keeps its graphs' weight copies "
-                        "while the others run, which takes memory from every layout's micro-batches")
+                        "while the others run, which takes memory from every layout's micro-batches; auto: the "
+                        "home and the layouts the planner without graph buckets gives the first batch")
     par = p.add_argument_group("parallelism")
     par.add_argument("--tensor-model-parallel-size", type=int, default=1)
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -440,7 +441,7 @@ def runtime_config(args: argparse.Namespace, world: int) -> RuntimeConfig:
         home_window=(0 if args.home_layout else 4) if args.home_window is None else args.home_window,
         trust_error=args.trust_error, explore=args.explore, probe=args.probe, compile_layers=args.compile_layers,
         graph_buckets=args.graph_buckets, graph_layer_overhead_seconds=args.graph_layer_overhead,
-        graph_layouts=None if args.graph_layouts is None else
+        graph_layouts=None if args.graph_layouts is None else "auto" if args.graph_layouts.strip() == "auto" else
         [n.strip() for n in args.graph_layouts.split(",") if n.strip()])
 
 
@@ -749,7 +750,8 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     from hotswitch.cli.plan import _table
     from hotswitch.hardware import load_hardware as _load
     from hotswitch.model.attention import PackAttention, cuda_kernel
-    from hotswitch.planner import build_planner, check_candidates, load_fixed_plan, with_fixed_layouts
+    from hotswitch.planner import (auto_graph_layouts, build_planner, check_candidates, fixed_plan_entries,
+                                   load_fixed_plan, with_fixed_layouts)
 
     hardware = settings.hardware or _load("a800")
     if settings.memory_budget_bytes is not None:
@@ -759,9 +761,10 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     topology = _C.Topology(world, min(args.dry_run_gpus_per_node, world))
     model = config.cost_config()
     candidates = check_candidates(config, world, settings.candidates, settings.max_cp)
+    fixed = None
     if settings.fixed_plan is not None:
-        candidates = with_fixed_layouts(candidates, load_fixed_plan(settings.fixed_plan, world, config,
-                                                                    settings.max_context))
+        fixed = load_fixed_plan(settings.fixed_plan, world, config, settings.max_context)
+        candidates = with_fixed_layouts(candidates, fixed)
     settings.check_graph_layouts(candidates)
     modes = ["none", "selective", "full"] if settings.recompute == "auto" else [settings.recompute]
     options = dict(max_context=settings.max_context, recompute=modes, min_gain=settings.min_gain,
@@ -769,7 +772,10 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     # The graph buckets a GPU runs static: those of the attention kernel a CUDA device selects.
     kernel = cuda_kernel(getattr(torch, config.compute_dtype or config.dtype), config.head_dim)
     max_scores = PackAttention.max_static_scores(kernel, torch.device("cuda"))
-    graphs = settings.graph_options(hardware, model=config, graph_max_scores=max_scores)
+    auto = settings.auto_graph_layouts
+    # Under graph_layouts="auto" the home is chosen as without graphs (none captures them yet).
+    graphs = settings.graph_options(hardware, model=config, graph_max_scores=max_scores,
+                                    graph_layouts=[] if auto else None)
     names = [c.name for c in candidates]
     if settings.home is not None:
         home = names.index(Layout.parse(settings.home).name if isinstance(settings.home, str) else settings.home.name)
@@ -780,6 +786,14 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
                            candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **options)
         home = probe.plan([settings.max_context]).best_static_candidate
+    batches = [sampler.next_batch() for _ in range(args.dry_run_steps)]
+    if auto and batches:
+        # As the runtime chooses them: the home and what the planner without graphs gives batch 1.
+        free_of_graphs = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
+                                       tp_overlap=settings.tp_overlap, **options)
+        chosen = auto_graph_layouts(free_of_graphs, [[len(s) for s in batches[0]]],
+                                    None if fixed is None else fixed_plan_entries(fixed, candidates))
+        graphs = settings.graph_options(hardware, model=config, graph_max_scores=max_scores, graph_layouts=chosen)
     planner = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
                             graphs=graphs, tp_overlap=settings.tp_overlap, **options)
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
@@ -793,8 +807,9 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
             f"static while heads per rank * tokens^2 <= {max_scores}" if max_scores else "no bucket static"
         print(f"graph buckets {sorted(settings.graph_buckets)} with the {kernel} attention a GPU selects: {bound}",
               flush=True)
-    for step in range(args.dry_run_steps):
-        batch = sampler.next_batch()
+        if auto and batches:
+            print(f"graph layouts (auto, from batch 1 planned without graph buckets): {','.join(chosen)}", flush=True)
+    for step, batch in enumerate(batches):
         lengths = [len(s) for s in batch]
         plan = planner.plan(lengths)
         print(f"\nbatch {step + 1}: {len(lengths)} sequences, {sum(lengths)} tokens, longest {max(lengths)}")
@@ -830,6 +845,8 @@ def _summary(results, runtime, world: int) -> dict:
         "candidates": [l.name for l in runtime.candidates],
         # What the first step planned with: --hardware's, or measured here (--micro-batch-overhead).
         "planned_layer_overhead_seconds": runtime.settings.hardware.layer_overhead_seconds,
+        # Under --graph-buckets, the layouts whose models capture graphs (None: every one that can).
+        "graph_layouts": runtime.graph_layouts if runtime.settings.graph_buckets is not None else None,
     }
 
 

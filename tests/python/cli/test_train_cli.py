@@ -286,6 +286,23 @@ def test_the_dry_run_plans_the_training_command_without_a_process_group(tmp_path
                           "--dry-run", "--dry-run-gpus", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "graph_layouts ['tp4'] are not among the candidate layouts ['dp4', 'dp2tp2']" in \
         out.stderr, out.stderr[-2000:]
+    # --graph-layouts auto: the home and the layouts that the first batch is planned under
+    # without graph buckets, as the runtime chooses them at its first step.
+    out = subprocess.run([sys.executable, "-m", "hotswitch.train", *MODEL, *COMMON, "--candidate-layouts", "dp4,dp2tp2",
+                          "--graph-buckets", "64,256", "--graph-layer-overhead", "1e-4", "--graph-layouts", "auto",
+                          "--dry-run", "--dry-run-gpus", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    chosen = [l for l in out.stdout.splitlines() if l.startswith("graph layouts (auto, from batch 1 planned without "
+                                                                  "graph buckets): ")]
+    assert len(chosen) == 1, out.stdout[:3000]
+    home = out.stdout.splitlines()[0].rsplit("home ", 1)[1]
+    plain = subprocess.run([sys.executable, "-m", "hotswitch.train", *MODEL, *COMMON, "--candidate-layouts",
+                            "dp4,dp2tp2", "--dry-run", "--dry-run-gpus", "4"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0 and plain.stdout.splitlines()[0].endswith(f"home {home}"), plain.stderr[-3000:]
+    table = plain.stdout.split("phase layout", 1)[1].split("\norder ", 1)[0].splitlines()[1:]
+    planned = {row.split()[1] for row in table}
+    assert chosen[0].rsplit(": ", 1)[1].split(",") == [n for n in ("dp4", "dp2tp2") if n == home or n in planned]
 
 
 def test_graph_buckets_reach_the_runtime_config_with_their_overhead():
@@ -298,6 +315,9 @@ def test_graph_buckets_reach_the_runtime_config_with_their_overhead():
     named = cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048", "--graph-layer-overhead",
                                                "2e-4", "--graph-layouts", "dp2tp4, dp4tp2"], 1), 1)
     assert named.graph_layout_names() == ["dp2tp4", "dp4tp2"]
+    auto = cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048", "--graph-layer-overhead",
+                                              "2e-4", "--graph-layouts", "auto"], 1), 1)
+    assert auto.graph_layouts == "auto" and auto.auto_graph_layouts
     with pytest.raises(ValueError, match="graph_layouts names dp2tp4 twice"):
         cli.runtime_config(cli.parse_args(["--lr", "1e-3", "--graph-buckets", "2048", "--graph-layer-overhead", "2e-4",
                                            "--graph-layouts", "dp2tp4,dp2tp4"], 1), 1)

@@ -110,3 +110,35 @@ def test_only_the_named_graph_layouts_hold_copies_and_run_graphs():
     assert [every.cost.terms(l).graphs for l in layouts] == [True, True, False]
     assert every.micro_batch_budget(0) < named.micro_batch_budget(0) < plain.micro_batch_budget(0)
     assert named.candidate_model(0).graph_buckets == [] and named.candidate_model(1).graph_buckets
+
+
+def test_auto_graph_layouts_are_the_home_and_the_layouts_planned_without_graphs():
+    # graph_layouts="auto": the home (dp8) and every layout of the plans of the probe batches by
+    # a planner without graph buckets, in candidate order. Only dp2tp4 holds a 30,000-token
+    # sequence, so a batch with one brings it in; tp2pp4, never planned, stays out.
+    from hotswitch.planner import auto_graph_layouts
+
+    model, hw, topology = hs.ModelConfig.preset("llama-7b"), hs.HardwareProfile.preset("h100"), hs.Topology(8, 8)
+    layouts = [hs.Layout.parse(n) for n in ("dp8", "dp4tp2", "dp2tp4", "tp2pp4")]
+    n = len(layouts)
+    zeros = ([[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n)
+    plain = hs.Planner(hs.CostModel(model, hw, topology, zero=True), layouts, 0, *zeros, max_context=32768)
+    assert [plain.micro_batch_budget(i) >= 30000 for i in range(n)] == [False, False, True, False]
+    long_batch, short_batch = [125] * 32 + [30000], [125] * 64
+    chosen = auto_graph_layouts(plain, [long_batch])
+    assert "dp2tp4" in chosen and chosen[0] == "dp8"
+    planned = {ph.layout.name for ph in plain.plan(long_batch).phases}
+    assert chosen == [l.name for l in layouts if l.name == "dp8" or l.name in planned]
+    both = auto_graph_layouts(plain, [short_batch, long_batch])
+    assert set(both) == set(chosen) | set(auto_graph_layouts(plain, [short_batch])) and "tp2pp4" not in both
+    assert both == [l.name for l in layouts if l.name in both]  # candidate order
+    # A fixed plan's layouts in place of the planner's.
+    fixed = [(30000, 2, "none")]
+    assert auto_graph_layouts(plain, [long_batch], fixed_entries=fixed) == ["dp8", "dp2tp4"]
+    graphed = hs.Planner(hs.CostModel(model, hw, topology, zero=True, graph_buckets=[1024],
+                                      graph_layer_overhead_seconds=1e-4), layouts, 0, *zeros)
+    with pytest.raises(ValueError, match=r"needs a planner without graph buckets, got one with \[1024\]"):
+        auto_graph_layouts(graphed, [long_batch])
+    for bad in ([], "12", None):
+        with pytest.raises(ValueError, match="batches must be a non-empty list of batches of sequence lengths"):
+            auto_graph_layouts(plain, bad)

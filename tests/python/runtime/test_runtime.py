@@ -481,6 +481,35 @@ def test_graph_buckets_train_as_the_unpadded_runtime_across_switches(fixed, buck
         np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+SHORT_12 = [20] * 12  # 240 tokens: packed to graph buckets of 128 rather than one eager micro-batch
+
+
+@pytest.mark.parametrize("steps,chosen,graphed", [
+    ([SHORT_12, w.STEPS[1]], ["dp2", "tp2"], "dp2"),
+    ([w.STEPS[1], SHORT_12], ["tp2"], "tp2")])
+def test_auto_graph_layouts_are_the_home_and_the_layouts_planned_without_graphs(steps, chosen, graphed):
+    # graph_layouts="auto" from the home tp2: the home alone captures graphs until the first
+    # step, which adds every layout that the run without graph buckets plans for that batch.
+    # Twelve 20-token sequences run under dp2 there: dp2 joins and runs them from the graphs
+    # at once. A first batch planned under tp2 alone leaves dp2 out for the run: its second
+    # step, which the run without buckets gives dp2, runs under tp2 from the graphs instead.
+    # The cost model holds the copies of the chosen layouts only. Trains as without buckets,
+    # fp32 within 1e-5.
+    out = run_world(2, w.train_auto_graphed, ["dp2", "tp2"], "tp2", [64, 128, 256], steps, timeout=600)
+    names, cost_layouts, ran, weights = out[0][True]
+    _, _, ref, ref_weights = out[0][False]
+    assert all(o[True][:2] == out[0][True][:2] for o in out), "ranks chose different graph layouts"
+    assert names == [["tp2"], chosen, chosen] and cost_layouts == chosen
+    assert sorted({"tp2"} | set(ref[0][1])) == chosen  # the home and the first step planned without graphs
+    assert ran[0][1] == ref[0][1] if graphed == "dp2" else ran[1][1] != ref[1][1], (ran, ref)
+    from_graphs = {layout for _, layouts, calls in ran for layout, g in zip(layouts, calls) if g}
+    assert from_graphs == {graphed}, ran
+    assert not any(g for _, _, calls in ref for g in calls)
+    np.testing.assert_allclose([s[0] for s in ran], [s[0] for s in ref], rtol=1e-5)
+    for name in ref_weights:
+        np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_a_start_up_probe_measures_the_graph_overhead():
     # Graph buckets without a graph overhead: the probe runs a bucket's pack eagerly and from
     # the graphs under dp2 and tp2 (never under pp2, whose two stages run no graphs), and its
@@ -540,8 +569,9 @@ def test_graph_buckets_need_their_overhead_and_good_values():
     assert named.graph_layout_names() == ["dp2", "tp2"] and named.graph_options(hw)["graph_layouts"] == ["dp2", "tp2"]
     assert hs.CostModel(cost, hw, hs.Topology(2, 2), **named.graph_options(hw)).graph_layouts == ["dp2", "tp2"]
     for bad, match in [(dict(graph_layouts=["dp2"]), r"graph_layouts \(\['dp2'\]\) needs graph_buckets"),
-                       (dict(graph_buckets=[64], graph_layouts="dp2"), "must be a non-empty list of layouts"),
-                       (dict(graph_buckets=[64], graph_layouts=[]), "must be a non-empty list of layouts"),
+                       (dict(graph_layouts="auto"), r"graph_layouts \('auto'\) needs graph_buckets"),
+                       (dict(graph_buckets=[64], graph_layouts="dp2"), "must be 'auto' or a non-empty list of layouts"),
+                       (dict(graph_buckets=[64], graph_layouts=[]), "must be 'auto' or a non-empty list of layouts"),
                        (dict(graph_buckets=[64], graph_layouts=["dp2", "xy2"]), r"graph_layouts\[1\] is 'xy2', not a "
                                                                                   r"layout name"),
                        (dict(graph_buckets=[64], graph_layouts=["dp2", 2]), r"graph_layouts\[1\] must be a Layout"),
@@ -550,5 +580,16 @@ def test_graph_buckets_need_their_overhead_and_good_values():
             hs.RuntimeConfig(**dict(dict(graph_layer_overhead_seconds=0.0) if "graph_buckets" in bad else {}, **bad))
     with pytest.raises(ValueError, match="graph_layouts lists 'dp2' twice"):
         hs.CostModel(cost, hw, hs.Topology(2, 2), graph_buckets=[64], graph_layouts=["dp2", "dp2"])
+    # "auto": the runtime chooses them (Runtime.graph_layouts); the config names none itself, and
+    # its cost-model options take the chosen names.
+    auto = hs.RuntimeConfig(graph_buckets=[64], graph_layer_overhead_seconds=0.0, graph_layouts="auto")
+    assert auto.auto_graph_layouts and not named.auto_graph_layouts
+    auto.check_graph_layouts([hs.Layout.parse("dp2")])  # whatever the candidates: chosen among them
+    assert auto.graph_options(hw, graph_layouts=["tp2"])["graph_layouts"] == ["tp2"]
+    assert named.graph_options(hw, graph_layouts=["tp2"])["graph_layouts"] == ["dp2", "tp2"]  # named: kept
+    with pytest.raises(ValueError, match="graph_layouts='auto' names no layouts until a runtime chooses them"):
+        auto.graph_layout_names()
+    with pytest.raises(ValueError, match="graph_layouts='auto' needs the layouts chosen"):
+        auto.graph_options(hw)
     with pytest.raises(ValueError, match="expected 'dp2tp2', got 'tp2dp2'"):
         hs.CostModel(cost, hw, hs.Topology(4, 4), graph_buckets=[64], graph_layouts=["tp2dp2"])

@@ -465,3 +465,40 @@ def train_graphed(rank, world, candidates, fixed_plan, home, buckets, graph_layo
         weights = rt.full_weights()  # collective
         out[graphs] = (steps, _numpy(weights) if rank == 0 else None)
     return out
+
+
+def train_auto_graphed(rank, world, candidates, home, buckets, steps):
+    """``graph_layouts="auto"``: fp32 runs of the batches of lengths ``steps`` from ``home`` on the profile
+    of ``train_graphed``, with graph buckets whose layouts the runtime chooses, and without graph
+    buckets. Per run: the graph layouts before the first step and after each (None without
+    buckets), the cost model's, per step (loss, layouts, per phase whether it ran from the
+    graphs), and the full weights (rank 0)."""
+    cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
+    fields = hardware(1 << 40).to_dict()
+    fields["layer_overhead_seconds"] = 0.05
+    profile = hs.HardwareProfile.from_dict(fields)
+    calls = []
+    contexts = hs.ParallelTransformer._contexts
+
+    def recorded(model, *args, **kwargs):
+        built = contexts(model, *args, **kwargs)
+        calls.append(any(ctx.graphed for ctx in built))
+        return built
+
+    hs.ParallelTransformer._contexts = recorded
+    out = {}
+    for graphs in (False, True):
+        extra = dict(graph_buckets=buckets, graph_layer_overhead_seconds=0.0, graph_layouts="auto") if graphs else {}
+        rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=profile, max_context=MAX_CONTEXT,
+                        seed=7, recalibrate=False, **extra,
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
+        chosen = [rt.graph_layouts if graphs else None]
+        ran = []
+        for i, lengths in enumerate(steps):
+            calls.clear()
+            r = rt.train_step(batch(lengths, i))
+            ran.append((r.loss, r.layouts, list(calls)))
+            chosen.append(rt.graph_layouts if graphs else None)
+        weights = rt.full_weights()  # collective
+        out[graphs] = (chosen, rt.planner.cost.graph_layouts, ran, _numpy(weights) if rank == 0 else None)
+    return out
