@@ -460,10 +460,14 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
       out.graphTpAlpha = layers * 4.0 * options_.tpOverlap * (t - 1) / t * h * b / bw;
       out.graphTpMicroBatchSeconds = layers * 4.0 * options_.tpOverlap * (t - 1) * lat;
     }
-    // The head's input gathered and its gradient scattered; three all-reduces of one fp32
-    // value per token in the loss.
-    headTpToken = 2.0 * (t - 1) / t * h * b / bw + 3.0 * 2.0 * (t - 1) / t * 4.0 / bw;
-    headTpMicroBatch = (2.0 + 3.0 * 2.0) * (t - 1) * lat;
+    // The head, a column-parallel product that runs eagerly in Megatron-LM and here (never
+    // compiled or graphed): under sequence parallelism its input gathered forward; backward,
+    // the input gathered again and its gradient reduce-scattered beside the products, hidden
+    // (without, the input gradient's all-reduce beside the weight gradient's product). Three
+    // all-reduces of one fp32 value per token in the loss.
+    const double headCollectives = sp ? 1.0 : 0.0;
+    headTpToken = headCollectives * (t - 1) / t * h * b / bw + 3.0 * 2.0 * (t - 1) / t * 4.0 / bw;
+    headTpMicroBatch = (headCollectives + 3.0 * 2.0) * (t - 1) * lat;
   }
   out.alphaCompute += headToken;
   out.alphaTp += headTpToken;

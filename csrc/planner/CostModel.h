@@ -71,7 +71,9 @@
 // 6. The last stage also runs the vocabulary-parallel head and the loss: the head's product
 //    h x V/t as in 1 (r = 3), cross entropy over fp32 logits (32 bytes per logit: cast,
 //    max, exp-sum, softmax gradient, cast back) / M, under sequence parallelism the head
-//    input's all-gather and its gradient's reduce-scatter, and three all-reduces of n fp32
+//    input's all-gather (its backward's gather and reduce-scatter run beside its products and
+//    hide: the head runs eagerly, whatever tpOverlap says of the layers; without sequence
+//    parallelism so does its input gradient's all-reduce), and three all-reduces of n fp32
 //    values (max, sum, target logit) over the tensor-parallel group. The first stage's
 //    embedding lookup is not charged.
 //

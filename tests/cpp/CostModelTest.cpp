@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <utility>
 
 #include "CostFixtures.h"
 #include "TestUtil.h"
@@ -88,10 +89,11 @@ TEST(CostModelTest, TermsByHand) {
   EXPECT_DOUBLE_EQ(tp.beta, one.beta / 2);
   // 6 collectives per layer (sequence parallelism: 10, the backward's 4 beside the products
   // hidden), each (tp - 1) / tp of the token's 8 * 2 bytes at 1e3 B/s; the head's input
-  // gathered and its gradient scattered, and three all-reduces of 4 bytes.
-  const double head = 2 * 0.5 * 8 * 2 / 1e3 + 3 * 2 * 0.5 * 4 / 1e3;
+  // gathered (its backward's gather and reduce-scatter hidden beside its products), and
+  // three all-reduces of 4 bytes.
+  const double head = 1 * 0.5 * 8 * 2 / 1e3 + 3 * 2 * 0.5 * 4 / 1e3;
   EXPECT_DOUBLE_EQ(tp.alphaTp, 2 * 6 * 0.5 * 8 * 2 / 1e3 + head);
-  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 6 * 1 * 1e-3 + (2 + 3 * 2) * 1e-3);
+  EXPECT_DOUBLE_EQ(tp.microBatchTpSeconds, 2 * 6 * 1 * 1e-3 + (1 + 3 * 2) * 1e-3);
   EXPECT_DOUBLE_EQ(tp.microBatchSeconds, 2 * 0.25 + tp.microBatchTpSeconds);
   EXPECT_DOUBLE_EQ(tp.lastStageAlpha, one.lastStageAlpha / 2 + head);
 
@@ -368,7 +370,9 @@ TEST(CostModelTest, TensorParallelCollectivesPerLayerFollowSequenceParallelismAn
   // Per layer: 10 collectives under sequence parallelism (the backward gathers each
   // column-parallel product's input again), 8 without (4 all-reduces); full recomputation
   // runs the forward's 4 again. tpOverlap hides that share of the 4 the column-parallel
-  // products' backward runs beside them. The layers' latency terms, less the head's.
+  // products' backward runs beside them. The layers' latency terms, less the head's: the
+  // head runs eagerly whatever the layers do, its backward's collectives hidden, so under
+  // sequence parallelism its forward gather alone is exposed, and none without.
   HardwareProfile hw = unitHardware();
   hw.intraNodeLatency = 1e-3;
   const Layout tp2(1, 2, 1);
@@ -377,10 +381,11 @@ TEST(CostModelTest, TensorParallelCollectivesPerLayerFollowSequenceParallelismAn
     o.sequenceParallel = sp;
     o.tpOverlap = overlap;
     const LayoutTerms terms = CostModel(tiny(), hw, Topology(2, 2), o).terms(tp2, r);
-    const double head = 2 * 0.5 * 8 * 2 / 1e3 + 3 * 2 * 0.5 * 4 / 1e3;
+    const double headCollectives = sp ? 1 : 0;
+    const double head = headCollectives * 0.5 * 8 * 2 / 1e3 + 3 * 2 * 0.5 * 4 / 1e3;
     EXPECT_NEAR((terms.alphaTp - head) / (2 * 0.5 * 8 * 2 / 1e3),
-                (terms.microBatchTpSeconds - (2 + 3 * 2) * 1e-3) / (2 * 1e-3), 1e-9);
-    return (terms.microBatchTpSeconds - (2 + 3 * 2) * 1e-3) / (2 * 1e-3);
+                (terms.microBatchTpSeconds - (headCollectives + 3 * 2) * 1e-3) / (2 * 1e-3), 1e-9);
+    return (terms.microBatchTpSeconds - (headCollectives + 3 * 2) * 1e-3) / (2 * 1e-3);
   };
   EXPECT_NEAR(perLayer(true, 0, Recompute::kNone), 10, 1e-9);
   EXPECT_NEAR(perLayer(true, 0, Recompute::kSelective), 10, 1e-9);
@@ -391,6 +396,18 @@ TEST(CostModelTest, TensorParallelCollectivesPerLayerFollowSequenceParallelismAn
   EXPECT_NEAR(perLayer(true, 1, Recompute::kFull), 10, 1e-9);
   EXPECT_NEAR(perLayer(false, 1, Recompute::kNone), 4, 1e-9);
   EXPECT_NEAR(perLayer(true, 0.5, Recompute::kNone), 8, 1e-9);
+  // The head's terms: the same at any overlap; sequence parallelism adds its forward gather.
+  auto headTerms = [&](bool sp, double overlap) {
+    CostOptions o;
+    o.sequenceParallel = sp;
+    o.tpOverlap = overlap;
+    const LayoutTerms terms = CostModel(tiny(), hw, Topology(2, 2), o).terms(tp2);
+    return std::make_pair(terms.lastStageAlpha, terms.lastStageMicroBatchSeconds);
+  };
+  EXPECT_EQ(headTerms(true, 0), headTerms(true, 1));
+  EXPECT_EQ(headTerms(false, 0), headTerms(false, 1));
+  EXPECT_NEAR(headTerms(true, 1).first - headTerms(false, 1).first, 0.5 * 8 * 2 / 1e3, 1e-12);
+  EXPECT_NEAR(headTerms(true, 1).second - headTerms(false, 1).second, 1e-3, 1e-12);
   EXPECT_DOUBLE_EQ(CostOptions{}.tpOverlap, 1.0);
   for (double bad : {-0.1, 1.5, std::nan("")}) {
     CostOptions o;
