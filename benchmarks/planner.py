@@ -50,7 +50,9 @@ when there is none, the Python standard library's files (``python -m hotswitch.c
   (``sim_speedup_graph_layouts``: each layout's weight copies take memory from all), over no
   graph buckets (``sim_speedup_graphs_vs_none``), over the best static layout per step and
   over the best layout fixed for the run under the same graphs
-  (``sim_speedup_vs_static_graphs``, ``sim_speedup_vs_static_run_graphs``).
+  (``sim_speedup_vs_static_graphs``, ``sim_speedup_vs_static_run_graphs``); these with the
+  home fixed (the max-context rule). As the runtime runs under ``graph_layouts="auto"`` with
+  its home moving: ``sim_speedup_vs_static_run_graphs_moving_home``.
 
     .venv/bin/python -m benchmarks.planner [--quick] [--data-dir DIR] [--hardware a800]
 """
@@ -124,6 +126,8 @@ class Setups:
         self.max_cp, self.max_context, self.method = max_cp, max_context, method
         self.options = dict(OPTIONS, max_context=max_context, recompute=list(recompute))
         self.planners = {}
+        self.costs = {}
+        self.graph_planners = {}
         self.caches = {}
         self.params_switch = {}
 
@@ -150,11 +154,25 @@ class Setups:
             costs = planning.switch_costs(self.model, self.hardware, topology, candidates, home, method=self.method,
                                           cache=cache, params_switch=params)
             self.params_switch[gpus] = costs[0]
+            self.costs[key] = costs
             self.planners[key] = planning.build_planner(self.model, self.hardware, topology, candidates, home,
                                                         costs=costs, **self.options)
             print(f"  {gpus} GPUs: {len(candidates)} candidates, home {candidates[home].name}, switch costs in "
                   f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
         return self.planners[key]
+
+    def graph_planner(self, gpus: int, home: int, graphs: dict):
+        """``planner(gpus, home)`` with the cost model's CUDA graph options ``graphs``, cached by
+        them."""
+        key = (gpus, home, json.dumps(graphs, sort_keys=True))
+        if key not in self.graph_planners:
+            self.planner(gpus, home)  # its switch costs
+            topology = hs.Topology(gpus, GPUS_PER_NODE)
+            candidates = planning.auto_candidates(self.model, gpus, self.max_cp)
+            self.graph_planners[key] = planning.build_planner(self.model, self.hardware, topology, candidates, home,
+                                                              costs=self.costs[gpus, home], graphs=graphs,
+                                                              **self.options)
+        return self.graph_planners[key]
 
     def homes(self, gpus: int, batches, share: float = HOME_SHORTLIST) -> list:
         """The candidates worth weighing as home (a home holds the masters; it need not hold
@@ -344,7 +362,7 @@ def context_parallel(dists, hardware, steps, seed, gpu_counts=CP_GPUS) -> dict:
     return out
 
 
-def graph_estimates(dists, hardware, steps, seed, gpu_counts=GRAPH_GPUS) -> dict:
+def graph_estimates(dists, hardware, steps, seed, gpu_counts=GRAPH_GPUS, setups=None) -> dict:
     """Hot switching under CUDA graph buckets whose graphs cut the fixed cost per layer to
     ``GRAPH_OVERHEAD_SHARE`` of the profile's (an assumption: the fixed cost a graphed layer keeps
     is unmeasured on a GPU). Per distribution and GPU count, on the same steps:
@@ -358,12 +376,23 @@ def graph_estimates(dists, hardware, steps, seed, gpu_counts=GRAPH_GPUS) -> dict
     - ``sim_speedup_graphs_vs_none``: that planner over the planner without graph buckets;
     - ``sim_speedup_vs_static_graphs``: it over the best static layout of each step, and
       ``sim_speedup_vs_static_run_graphs`` over the best layout fixed for the run, which
-      alone captures graphs and holds its copies (``static_run_seconds``)."""
+      alone captures graphs and holds its copies (``static_run_seconds``).
+
+    With ``setups`` (the main simulation's ``Setups``, of the same hardware), the run as the
+    runtime makes it under ``graph_layouts="auto"`` with a moving home (``home_window``): the
+    home chosen over the probe batches and moved as in the main simulation
+    (``simulate_moving_home``), the graph layouts chosen at its first step (the start home
+    and the layouts the planner without graphs gives that batch, ``auto_graph_layouts``) and
+    kept: ``sim_speedup_vs_static_run_graphs_moving_home`` over the same best layout fixed for
+    the run, ``graph_layouts_auto`` and ``graph_homes``."""
     model = hs.ModelConfig.preset(MODEL)
     graphs = dict(graph_buckets=list(GRAPH_BUCKETS), graph_copy_param_bytes=2,
                   graph_layer_overhead_seconds=GRAPH_OVERHEAD_SHARE * hardware.layer_overhead_seconds)
     out = {k: {} for k in ("sim_speedup_graph_estimate", "sim_speedup_graph_layouts", "sim_speedup_graphs_vs_none",
                            "sim_speedup_vs_static_graphs", "sim_speedup_vs_static_run_graphs", "graph_layouts")}
+    if setups is not None:
+        out.update({k: {} for k in ("sim_speedup_vs_static_run_graphs_moving_home", "graph_layouts_auto",
+                                    "graph_homes")})
     for name, lengths in dists.items():
         for gpus in gpu_counts:
             topology = hs.Topology(gpus, GPUS_PER_NODE)
@@ -394,6 +423,27 @@ def graph_estimates(dists, hardware, steps, seed, gpu_counts=GRAPH_GPUS) -> dict
             out["sim_speedup_vs_static_run_graphs"].setdefault(name, {})[key] = \
                 runs["every"]["static_run_s"] / hot["named"]
             out["graph_layouts"].setdefault(name, {})[key] = named
+            if setups is not None:
+                batch = SEQUENCES_PER_GPU * gpus
+                rng = random.Random(seed)  # the main simulation's probe batches
+                window = [[rng.choice(lengths) for _ in range(batch)] for _ in range(HOME_WINDOW)]
+                homes = setups.homes(gpus, window)
+                start, _ = planning.choose_home(lambda h: setups.planner(gpus, h), homes, window)
+                first = random.Random(seed + 1)  # the first simulated step, as simulate draws it
+                auto = planning.auto_graph_layouts(setups.planner(gpus, start),
+                                                   [[first.choice(lengths) for _ in range(batch)]])
+                options = dict(graphs, graph_layouts=auto)
+                moving = simulate_moving_home(lambda h: setups.graph_planner(gpus, h, options), homes, lengths, steps,
+                                              batch, seed=seed + 1, window=HOME_WINDOW,
+                                              move_seconds=setups.move_seconds(gpus), start=window)
+                out["sim_speedup_vs_static_run_graphs_moving_home"].setdefault(name, {})[key] = \
+                    runs["every"]["static_run_s"] / moving["hot_s"]
+                out["graph_layouts_auto"].setdefault(name, {})[key] = auto
+                out["graph_homes"].setdefault(name, {})[key] = sorted(set(moving["homes"]))
+                print(f"graphs, {name}, {gpus} GPUs, graph_layouts auto {','.join(auto)} with the home moving "
+                      f"({','.join(sorted(set(moving['homes'])))}): "
+                      f"{out['sim_speedup_vs_static_run_graphs_moving_home'][name][key]:.4f}x over "
+                      f"{runs['every']['static_run']} fixed for the run")
             print(f"graphs ({GRAPH_OVERHEAD_SHARE:.0%} of the fixed cost per layer), {name}, {gpus} GPUs, home "
                   f"{candidates[home].name}: estimate weighing the buckets "
                   f"{out['sim_speedup_graph_estimate'][name][key]:.4f}x over not; graphs only in "
@@ -540,7 +590,8 @@ def main(argv=None) -> int:
     out.update(rank_orders(setups, dists, sim_steps, args.seed))
     out.update(context_parallel(dists, hardware, CP_STEPS_QUICK if args.quick else CP_STEPS, args.seed,
                                 CP_GPUS_QUICK if args.quick else CP_GPUS))
-    out.update(graph_estimates(dists, hardware, sim_steps, args.seed, GRAPH_GPUS_QUICK if args.quick else GRAPH_GPUS))
+    out.update(graph_estimates(dists, hardware, sim_steps, args.seed, GRAPH_GPUS_QUICK if args.quick else GRAPH_GPUS,
+                               setups=setups))
     out["seconds"] = time.perf_counter() - start
 
     print("RESULT " + json.dumps(rounded(out)))
