@@ -562,8 +562,10 @@ PYBIND11_MODULE(_C, m) {
                        bool sequenceParallel, bool flashAttention, double cpOverlap, int64_t cpMinChunk,
                        std::map<std::string, double> layoutScale, std::vector<int64_t> graphBuckets,
                        double graphLayerOverheadSeconds, double tpOverlap, int64_t graphCopyParamBytes,
-                       std::optional<int64_t> graphMaxScores, std::optional<std::vector<std::string>> graphLayouts) {
+                       std::optional<int64_t> graphMaxScores, std::optional<std::vector<std::string>> graphLayouts,
+                       int64_t recomputeChunkLayers) {
              CostOptions o;
+             o.recomputeChunkLayers = recomputeChunkLayers;
              o.graphMaxScores = graphMaxScores;
              o.graphLayouts = std::move(graphLayouts);
              o.graphBuckets = std::move(graphBuckets);
@@ -584,6 +586,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("graph_buckets") = std::vector<int64_t>{}, py::arg("graph_layer_overhead_seconds") = 0.0,
            py::arg("tp_overlap") = 1.0, py::arg("graph_copy_param_bytes") = 0,
            py::arg("graph_max_scores") = py::none(), py::arg("graph_layouts") = py::none(),
+           py::arg("recompute_chunk_layers") = 0,
            "flash_attention: the attention core keeps no per-token^2 activations (False: its scores, softmax "
            "and dropout mask stay for the backward pass unless recomputed). cp_overlap: the share of the cp "
            "K/V exchange hidden behind compute, in [0, 1] (0: this runtime's all-gather before attention); "
@@ -601,7 +604,10 @@ PYBIND11_MODULE(_C, m) {
            "graph_max_scores: the attention's bound on a static pack: a bucket runs from the graphs only where the "
            "heads per rank * bucket^2 <= it (the mask kernels'; None: no bound, the flash and flex kernels). "
            "graph_layouts: the names of the layouts whose models capture graphs and keep their weight copies "
-           "(None: every layout that can).")
+           "(None: every layout that can). recompute_chunk_layers: full recomputation reruns chunks of this many "
+           "layers up to the last tensor their backward saved, skipping each chunk's last row-parallel "
+           "collective (PyTorch's non-reentrant checkpoint: this runtime's recompute_num_layers); 0: the whole "
+           "forward again (Megatron-LM's).")
       .def_property_readonly("graph_buckets", [](const CostModel& c) { return c.options().graphBuckets; })
       .def_property_readonly("graph_layouts", [](const CostModel& c) { return c.options().graphLayouts; })
       .def_property_readonly("graph_max_scores", [](const CostModel& c) { return c.options().graphMaxScores; })
@@ -622,6 +628,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("flash_attention", [](const CostModel& c) { return c.options().flashAttention; })
       .def_property_readonly("cp_overlap", [](const CostModel& c) { return c.options().cpOverlap; })
       .def_property_readonly("tp_overlap", [](const CostModel& c) { return c.options().tpOverlap; })
+      .def_property_readonly("recompute_chunk_layers",
+                             [](const CostModel& c) { return c.options().recomputeChunkLayers; })
       .def_property_readonly("graph_copies_held_bytes",
                              [](const CostModel& c) { return c.options().graphCopiesHeldBytes; },
                              "Bytes every rank holds for the weight copies of the layouts that run CUDA graphs, in "

@@ -176,6 +176,8 @@ CostModel::CostModel(ModelConfig model, HardwareProfile hardware, Topology topol
            options_.cpOverlap);
   HS_CHECK(options_.tpOverlap >= 0 && options_.tpOverlap <= 1, "tp_overlap must be in [0, 1], got ",
            options_.tpOverlap);
+  HS_CHECK(options_.recomputeChunkLayers >= 0, "recompute_chunk_layers must be >= 0 (0: the whole rerun), got ",
+           options_.recomputeChunkLayers);
   HS_CHECK(options_.cpMinChunk >= 1, "cp_min_chunk must be >= 1 token, got ", options_.cpMinChunk);
   HS_CHECK(options_.optimizerBytesPerParam >= 0, "optimizer_bytes_per_param must be >= 0, got ",
            options_.optimizerBytesPerParam);
@@ -453,7 +455,11 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
     // gradient and reduce-scatters its input gradient, each row-parallel one gathers its output
     // gradient (6). Without: 2 all-reduces each way, each two collectives' traffic. The
     // column-parallel products' 4 backward ones run beside their products: tpOverlap of them hides.
-    const double collectives = (sp ? 10 : 8) + (full ? 4 : 0) - 4.0 * options_.tpOverlap;
+    // A rerun that stops early skips its chunk's last row-parallel collective.
+    const double skipped = full && options_.recomputeChunkLayers > 0
+                               ? (sp ? 1.0 : 2.0) / static_cast<double>(options_.recomputeChunkLayers)
+                               : 0.0;
+    const double collectives = (sp ? 10 : 8) + (full ? 4 : 0) - skipped - 4.0 * options_.tpOverlap;
     out.alphaTp = layers * collectives * (t - 1) / t * h * b / bw;
     out.microBatchTpSeconds = layers * collectives * (t - 1) * lat;
     if (out.graphs) {  // 12: graphed layers are compiled, and wait for each collective as posted

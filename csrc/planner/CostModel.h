@@ -60,7 +60,9 @@
 //    traffic) run beside their products; `tpOverlap` of them hides (1, the default: all, as
 //    Megatron-LM's linear layers and this runtime's eager ones schedule them; 0: none, as
 //    this runtime's compiled layers wait for each collective where it is posted). So 6 (10,
-//    4, 8) are priced by default, 10 (14, 8, 12) at 0. One
+//    4, 8) are priced by default, 10 (14, 8, 12) at 0. A full recomputation whose rerun of a
+//    chunk of k layers stops early (`recomputeChunkLayers` k) skips the chunk's last
+//    reduce-scatter (all-reduce without sequence parallelism): 1/k (2/k) fewer per layer. One
 //    collective of B bytes over a group of t ranks (a ring, `collectiveSeconds`):
 //      (t - 1) * (B / t / bw + lat)        (an all-reduce twice that)
 //    Inside a node bw = intra-node bandwidth; a group across nodes with r ranks on each node
@@ -183,6 +185,11 @@ struct CostOptions {
   bool flashAttention = true;          // the attention core keeps no per-token^2 activations
   double cpOverlap = 0;                // share of the cp K/V traffic hidden behind compute, in [0, 1]
   double tpOverlap = 1;                // share of the backward's overlappable tp traffic hidden (4), in [0, 1]
+  // Full recomputation's rerun of each chunk of this many layers stops after the last tensor
+  // its backward saved (PyTorch's non-reentrant checkpoint, this runtime's): the chunk's last
+  // row-parallel collective is not posted again (4). 0: every rerun posts all of its forward's
+  // collectives (Megatron-LM's reentrant checkpoint). >= 0.
+  int64_t recomputeChunkLayers = 0;
   int64_t cpMinChunk = 4;              // tokens: shorter cp chunks keep the sequence whole (10)
   // Per layout (by Layout::name()): a factor on every time term of terms(), > 0 and finite;
   // layouts not listed keep 1. What a machine's measured phases say of one layout beyond

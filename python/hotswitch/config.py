@@ -311,6 +311,14 @@ class RuntimeConfig:
         products (1); compiled layers wait for each where it is posted (0)."""
         return 0.0 if self.compile_layers else 1.0
 
+    @property
+    def recompute_chunk_layers(self) -> int:
+        """The cost model's ``recompute_chunk_layers``: full recomputation reruns each chunk of
+        ``recompute_num_layers`` layers under PyTorch's non-reentrant checkpoint, which stops
+        after the last tensor the chunk's backward saved (its last reduce-scatter is not posted
+        again)."""
+        return self.recompute_num_layers
+
     def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None,
                       model=None, graph_max_scores: Optional[int] = None,
                       graph_layouts: Optional[Sequence[str]] = None) -> dict:

@@ -416,13 +416,17 @@ def choose_model_orders(model, hardware, topology, candidates, home, zero=True, 
 
 
 def build_planner(model, hardware, topology, candidates, home, zero=True, method="auto", costs=None,
-                  graphs: Optional[dict] = None, tp_overlap: float = 1.0, **options) -> "_C.Planner":
+                  graphs: Optional[dict] = None, tp_overlap: float = 1.0, recompute_chunk_layers: int = 0,
+                  **options) -> "_C.Planner":
     """A Planner over the candidates with switch costs from ``switch_costs`` (or ``costs``,
     its result). ``graphs``: the cost model's CUDA graph options (``RuntimeConfig.graph_options``);
-    ``tp_overlap``: its share of the tp backward's collectives hidden (``RuntimeConfig.tp_overlap``).
+    ``tp_overlap``: its share of the tp backward's collectives hidden (``RuntimeConfig.tp_overlap``);
+    ``recompute_chunk_layers``: its full recomputation's early-stopping chunks
+    (``RuntimeConfig.recompute_chunk_layers``; 0: Megatron-LM's whole rerun).
     ``options`` go to ``Planner`` (max_context, long_sequences, ...)."""
     switch, reduced, partial = costs or switch_costs(model, hardware, topology, candidates, home, zero, method)
-    cost = _C.CostModel(model, hardware, topology, zero=zero, tp_overlap=tp_overlap, **(graphs or {}))
+    cost = _C.CostModel(model, hardware, topology, zero=zero, tp_overlap=tp_overlap,
+                        recompute_chunk_layers=recompute_chunk_layers, **(graphs or {}))
     return _C.Planner(cost, candidates, home, switch, reduced, partial, **options)
 
 

@@ -297,7 +297,8 @@ class Runtime:
         graphs = dict(self._graph_options(), graph_layer_overhead_seconds=s.graph_layer_overhead_seconds) \
             if self._graph_overhead is not None else {}
         self.calibration = OnlineCalibration(config.cost_config(), self.topology, zero, graphs=graphs,
-                                             tp_overlap=s.tp_overlap) if s.recalibrate else None
+                                             tp_overlap=s.tp_overlap,
+                                             recompute_chunk_layers=s.recompute_chunk_layers) if s.recalibrate else None
         self._fit_vector: Optional[torch.Tensor] = None  # fitted at the end of a step, agreed at the next
         self._fits_applied = 0
         self._overhead_s = 0.0
@@ -315,10 +316,14 @@ class Runtime:
         """The planner's cost model of this runtime: its model and topology, ZeRO as set, cp
         chunks cut as the model cuts them (nothing of the K/V exchange hides: the model
         gathers K/V before its attention call), the tp backward's overlap as its layers run
-        (``RuntimeConfig.tp_overlap``), the graph buckets as set (``graphs=False``: none)."""
+        (``RuntimeConfig.tp_overlap``), full recomputation's reruns as its checkpoint stops them
+        (``RuntimeConfig.recompute_chunk_layers``), the graph buckets as set (``graphs=False``:
+        none)."""
         return CostModel(self.config.cost_config(), hardware, self.topology, zero=self.zero,
                          cp_min_chunk=CP_MIN_CHUNK, layout_scale=self._planned_scale(),
-                         tp_overlap=self.settings.tp_overlap, **(self._graph_options() if graphs else {}))
+                         tp_overlap=self.settings.tp_overlap,
+                         recompute_chunk_layers=self.settings.recompute_chunk_layers,
+                         **(self._graph_options() if graphs else {}))
 
     def _graph_options(self) -> dict:
         """The cost model's CUDA graph options: the settings' buckets, the current graph overhead,

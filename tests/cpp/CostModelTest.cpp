@@ -409,6 +409,27 @@ TEST(CostModelTest, TensorParallelCollectivesPerLayerFollowSequenceParallelismAn
   EXPECT_NEAR(headTerms(true, 1).first - headTerms(false, 1).first, 0.5 * 8 * 2 / 1e3, 1e-12);
   EXPECT_NEAR(headTerms(true, 1).second - headTerms(false, 1).second, 1e-3, 1e-12);
   EXPECT_DOUBLE_EQ(CostOptions{}.tpOverlap, 1.0);
+  // A rerun that stops early (recomputeChunkLayers k) skips each chunk's last reduce-scatter,
+  // or its last all-reduce (two collectives' traffic) without sequence parallelism: as this
+  // runtime posts 13 per layer at k = 1 and 13.5 at k = 2, where Megatron-LM posts 14.
+  auto early = [&](bool sp, int64_t k, Recompute r) {
+    CostOptions o;
+    o.sequenceParallel = sp;
+    o.tpOverlap = 0;
+    o.recomputeChunkLayers = k;
+    const LayoutTerms terms = CostModel(tiny(), hw, Topology(2, 2), o).terms(tp2, r);
+    return (terms.microBatchTpSeconds - ((sp ? 1 : 0) + 3 * 2) * 1e-3) / (2 * 1e-3);
+  };
+  EXPECT_NEAR(early(true, 1, Recompute::kFull), 13, 1e-9);
+  EXPECT_NEAR(early(true, 2, Recompute::kFull), 13.5, 1e-9);
+  EXPECT_NEAR(early(false, 1, Recompute::kFull), 10, 1e-9);
+  EXPECT_NEAR(early(true, 1, Recompute::kNone), 10, 1e-9);  // nothing is rerun
+  EXPECT_NEAR(early(true, 1, Recompute::kSelective), 10, 1e-9);
+  {
+    CostOptions o;
+    o.recomputeChunkLayers = -1;
+    EXPECT_THROW(CostModel(tiny(), hw, Topology(2, 2), o), InvalidArgument);
+  }
   for (double bad : {-0.1, 1.5, std::nan("")}) {
     CostOptions o;
     o.tpOverlap = bad;

@@ -117,14 +117,20 @@ class OnlineCalibration:
     ``graph_layer_overhead_seconds``, None when unknown (the graphs then save nothing until a
     saving is observed); a phase observed with its ``graph_tokens`` is priced padded and graphed
     as it ran. ``tp_overlap``: the cost model's share of the tp backward's column-parallel
-    collectives hidden behind their products, as the layers ran (``RuntimeConfig.tp_overlap``)."""
+    collectives hidden behind their products, as the layers ran (``RuntimeConfig.tp_overlap``);
+    ``recompute_chunk_layers``: full recomputation's chunks as their reruns stopped
+    (``RuntimeConfig.recompute_chunk_layers``)."""
 
     def __init__(self, model_config, topology, zero: bool, window: int = 64, ridge: float = 1e-3,
-                 graphs: Optional[dict] = None, tp_overlap: float = 1.0):
+                 graphs: Optional[dict] = None, tp_overlap: float = 1.0, recompute_chunk_layers: int = 0):
         if isinstance(tp_overlap, bool) or not (isinstance(tp_overlap, (int, float)) and 0.0 <= tp_overlap <= 1.0):
             raise ValueError(f"tp_overlap must be a share in [0, 1], got {tp_overlap!r}")
+        if isinstance(recompute_chunk_layers, bool) or not isinstance(recompute_chunk_layers, int) or \
+                recompute_chunk_layers < 0:
+            raise ValueError(f"recompute_chunk_layers must be an int >= 0, got {recompute_chunk_layers!r}")
         self.graphs = dict(graphs or {})
         self.tp_overlap = float(tp_overlap)
+        self.recompute_chunk_layers = recompute_chunk_layers
         self.model_config = model_config
         self.topology = topology
         self.zero = zero
@@ -240,7 +246,8 @@ class OnlineCalibration:
             return None
         graphs = dict(self.graphs, graph_layer_overhead_seconds=fields["layer_overhead_seconds"])
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
-                            layout_scale=layout_scale, tp_overlap=self.tp_overlap, **graphs)
+                            layout_scale=layout_scale, tp_overlap=self.tp_overlap,
+                            recompute_chunk_layers=self.recompute_chunk_layers, **graphs)
         layers = self.model_config.num_layers
         per_layer = []
         for layout, tokens, seconds in self.graph_savings:
@@ -256,7 +263,8 @@ class OnlineCalibration:
         if graphs:
             graphs["graph_layer_overhead_seconds"] = self._graph_overhead(fields, saving)
         cost = _C.CostModel(self.model_config, _profile(fields), self.topology, zero=self.zero,
-                            layout_scale=layout_scale or {}, tp_overlap=self.tp_overlap, **graphs)
+                            layout_scale=layout_scale or {}, tp_overlap=self.tp_overlap,
+                            recompute_chunk_layers=self.recompute_chunk_layers, **graphs)
         out = []
         for layout, batches, _, recompute, tokens in self.phases:
             out.append(cost.phase(layout, batches, recompute=recompute, graph_tokens=tokens).run_seconds)

@@ -782,6 +782,7 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     else:
         n = len(candidates)
         probe = _C.Planner(_C.CostModel(model, hardware, topology, zero=settings.zero, tp_overlap=settings.tp_overlap,
+                                        recompute_chunk_layers=settings.recompute_chunk_layers,
                                         **graphs),
                            candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **options)
@@ -790,12 +791,14 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     if auto and batches:
         # As the runtime chooses them: the home and what the planner without graphs gives batch 1.
         free_of_graphs = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
-                                       tp_overlap=settings.tp_overlap, **options)
+                                       tp_overlap=settings.tp_overlap,
+                                       recompute_chunk_layers=settings.recompute_chunk_layers, **options)
         chosen = auto_graph_layouts(free_of_graphs, [[len(s) for s in batches[0]]],
                                     None if fixed is None else fixed_plan_entries(fixed, candidates))
         graphs = settings.graph_options(hardware, model=config, graph_max_scores=max_scores, graph_layouts=chosen)
     planner = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
-                            graphs=graphs, tp_overlap=settings.tp_overlap, **options)
+                            graphs=graphs, tp_overlap=settings.tp_overlap,
+                            recompute_chunk_layers=settings.recompute_chunk_layers, **options)
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
           f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
           flush=True)

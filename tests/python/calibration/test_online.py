@@ -74,6 +74,13 @@ def test_phases_are_priced_with_the_tp_overlap_the_layers_ran_with():
         hs.CostModel(cfg, truth, hs.Topology(4, 4), tp_overlap=2.0)
     assert hs.CostModel(cfg, truth, hs.Topology(4, 4)).tp_overlap == 1.0
     assert hs.RuntimeConfig().tp_overlap == 1.0 and hs.RuntimeConfig(compile_layers=True).tp_overlap == 0.0
+    # Full recomputation's chunks, as the runtime's checkpoint stops their reruns.
+    assert OnlineCalibration(cfg, hs.Topology(4, 4), zero=False, recompute_chunk_layers=2).recompute_chunk_layers == 2
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="recompute_chunk_layers must be an int >= 0, got"):
+            OnlineCalibration(cfg, hs.Topology(4, 4), zero=False, recompute_chunk_layers=bad)
+    assert hs.RuntimeConfig(recompute_num_layers=3).recompute_chunk_layers == 3
+    assert hs.CostModel(cfg, truth, hs.Topology(4, 4)).recompute_chunk_layers == 0  # Megatron-LM's whole rerun
 
 
 GRAPH_BUCKETS = [64, 128, 256]

@@ -523,3 +523,29 @@ def test_graph_buckets_and_graph_tokens_refuse_bad_values_and_change_nothing():
                    "equal sequence-parallel slices; got 33 in [32, 33]"), tp2
     assert pp2 == ("graph_buckets: layers run from CUDA graphs only on one stage without context parallelism (pp "
                    "and cp 1), got layout pp2"), pp2
+
+
+def test_the_cost_model_prices_the_collectives_each_layer_posts():
+    # Per layer at tp2 (sequence parallelism): 10 collectives, forward and backward. Full
+    # recomputation reruns the forward under PyTorch's non-reentrant checkpoint, which stops
+    # after the last tensor the chunk's backward saved: the chunk's last reduce-scatter is not
+    # posted again, so 13 per layer in chunks of one layer and 13.5 in chunks of two (14 for
+    # Megatron-LM's whole rerun). The cost model, its overlap off (every collective priced),
+    # with the runtime's recompute_chunk_layers, prices as many.
+    cases = [("none", 1), ("selective", 1), ("full", 1), ("full", 2)]
+    posted = run_world(2, w.collectives_per_layer, cases, timeout=300)[0]
+    assert posted == {("none", 1): 10, ("selective", 1): 10, ("full", 1): 13, ("full", 2): 13.5}, posted
+    fields = hs.HardwareProfile.preset("h100").to_dict()
+    fields["intra_node_latency"] = 1.0  # a collective's latency term: (tp - 1) * 1 s
+    hw = hs.HardwareProfile.from_dict(fields)
+    tp2 = hs.Layout.parse("tp2")
+    for (recompute, chunk), n in posted.items():
+        settings = hs.RuntimeConfig(recompute_num_layers=chunk)
+        terms = [hs.CostModel(hs.TransformerConfig(**dict(w.TINY, num_layers=layers)).cost_config(), hw,
+                              hs.Topology(2, 2), tp_overlap=0.0,
+                              recompute_chunk_layers=settings.recompute_chunk_layers).terms(tp2, recompute)
+                 for layers in (2, 4)]
+        assert (terms[1].micro_batch_tp_seconds - terms[0].micro_batch_tp_seconds) / 2 == pytest.approx(n), \
+            (recompute, chunk)
+    with pytest.raises(ValueError, match="recompute_chunk_layers must be >= 0 .*got -1"):
+        hs.CostModel(hs.TransformerConfig(**w.TINY).cost_config(), hw, hs.Topology(2, 2), recompute_chunk_layers=-1)

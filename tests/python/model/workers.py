@@ -637,3 +637,42 @@ def graph_bucket_errors(rank, world):
             messages.append(str(e))
     after = _numpy(model.grad_shards())
     return messages + [all((before[k] == after[k]).all() for k in before)]
+
+
+def collectives_per_layer(rank, world, cases):
+    """The tp collectives one layer posts per micro-batch, forward and backward, under
+    ``tp{world}``: per ``(recompute, recompute_num_layers)`` of ``cases``, the all-gathers and
+    reduce-scatters of a 16-token micro-batch through TINY cut to 2 and to 4 layers, their
+    difference per layer."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hotswitch.model.batch import MicroBatch
+    from hotswitch.model.groups import ParallelGroups
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += str(func.overloadpacket) in ("c10d._allgather_base_", "c10d._reduce_scatter_base_")
+            return func(*args, **(kwargs or {}))
+
+    layout = hs.Layout.parse(f"tp{world}")
+    groups = ParallelGroups(layout)
+    mbs = [MicroBatch.from_sequences([torch.randint(0, TINY["vocab_size"], (16,),
+                                                    generator=torch.Generator().manual_seed(3))])]
+    out = {}
+    for recompute, chunk in cases:
+        counts = []
+        for layers in (2, 4):
+            model = hs.ParallelTransformer(hs.TransformerConfig(**dict(TINY, num_layers=layers)), layout, groups,
+                                           seed=0, recompute_num_layers=chunk)
+            model.recompute = recompute
+            model.forward_backward(mbs, 1.0)
+            model.zero_grad()
+            with Count() as count:
+                model.forward_backward(mbs, 1.0)
+            counts.append(count.n)
+        out[(recompute, chunk)] = (counts[1] - counts[0]) / 2
+    return out
