@@ -286,6 +286,20 @@ def test_the_dry_run_plans_the_training_command_without_a_process_group(tmp_path
                           "--dry-run", "--dry-run-gpus", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "graph_layouts ['tp4'] are not among the candidate layouts ['dp4', 'dp2tp2']" in \
         out.stderr, out.stderr[-2000:]
+    # --fixed-plan: the dry run plans the fixed plan, as the runtime runs it, beside the
+    # planner's own prediction.
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text('[[128, "dp4", "none"], [256, "dp2tp2", "none"]]')
+    out = subprocess.run([sys.executable, "-m", "hotswitch.train", *MODEL, *COMMON, "--candidate-layouts", "dp4,dp2tp2",
+                          "--fixed-plan", str(fixed), "--dry-run", "--dry-run-gpus", "4"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"; the fixed plan {fixed}" in out.stdout and "the planner's own plan: " in out.stdout, out.stdout[:3000]
+    rows = out.stdout.split("phase layout", 1)[1].split("\norder ", 1)[0].splitlines()[1:]
+    for row in rows:  # each phase's lengths within its bound
+        layout, lengths = row.split()[1], row.split()[4]
+        assert int(lengths.split("-")[1]) <= {"dp4": 128, "dp2tp2": 256}[layout], rows
+    assert {row.split()[1] for row in rows} == {"dp4", "dp2tp2"}, rows
     # --graph-layouts auto: the home and the layouts that the first batch is planned under
     # without graph buckets, as the runtime chooses them at its first step.
     out = subprocess.run([sys.executable, "-m", "hotswitch.train", *MODEL, *COMMON, "--candidate-layouts", "dp4,dp2tp2",
