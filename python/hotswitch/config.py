@@ -198,7 +198,8 @@ class RuntimeConfig:
     ``"auto"``: the runtime names them itself (``Runtime.graph_layouts``): the home alone until
     the first training step, then the home and every layout that a planner without graph
     buckets gives that step's batch (``hotswitch.planner.auto_graph_layouts``), for the rest of
-    the process's run (a resumed run chooses again at its first step)."""
+    the process's run (a resumed run chooses again at its first step); the home alone still
+    when their copies would leave no layout that holds a ``max_context`` sequence."""
 
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)

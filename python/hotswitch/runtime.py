@@ -41,8 +41,8 @@ from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.groups import ParallelGroups, backend_device, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
-from hotswitch.planner import (auto_graph_layouts, check_candidates, choose_home, fixed_plan_entries, load_fixed_plan, plan_choice,
-                               redistribution_seconds, tensor_switch_costs, with_fixed_layouts)
+from hotswitch.planner import (auto_graph_layouts, check_candidates, choose_home, fixed_plan_entries, load_fixed_plan,
+                               plan_choice, redistribution_seconds, tensor_switch_costs, with_fixed_layouts)
 from hotswitch.precision import GradScaler
 from hotswitch.config import RuntimeConfig
 from hotswitch.hooks import Hooks
@@ -234,24 +234,13 @@ class Runtime:
         self.home_placement = "zero" if zero else "sharded"  # of the master weights and accumulator
         # The recompute modes the planner may give a phase (RuntimeConfig.recompute).
         self.recompute_modes = ["none", "selective", "full"] if s.recompute == "auto" else [s.recompute]
-        n = len(self.candidates)
         free = self._free_planner()
-        longest = max(free.micro_batch_budget(i) for i in range(n))
-        if longest < max_context:
-            if longest == 0:
-                least = min(self.candidates, key=free.cost.static_bytes)
-                held = free.cost.graph_copies_held_bytes
-                copies = f" (with {held} bytes of the CUDA graphs' weight copies)" if held else ""
-                raise ValueError(
-                    f"no candidate layout fits the model within {hardware.memory_bytes} bytes per rank: its weights, "
-                    f"gradients and optimizer state alone take {free.cost.static_bytes(least)} bytes per rank{copies} "
-                    f"even under {least.name}, the layout that shards them most; give more memory per rank or more "
-                    f"ranks")
-            raise ValueError(f"no candidate layout holds a sequence of max_context({max_context}) tokens "
-                             f"within {hardware.memory_bytes} bytes per rank; the longest that fits is {longest}")
+        self._check_holds(free)
         self.home = self._home(s.home, free)
         if s.auto_graph_layouts:
-            self.cost = self._cost_model(hardware)  # the home's graphs' copies, now that it is known
+            # The home's graphs' copies, now that it is known (chosen as without graphs).
+            self.cost = self._cost_model(hardware)
+            self._check_holds(self._free_planner())
         self._costs = None
         self._plan_cache = _C.PlanCache()
         self._recent = collections.deque(maxlen=max(1, s.home_window))  # the last batches' lengths
@@ -363,11 +352,18 @@ class Runtime:
         """``graph_layouts="auto"``, at the first training step (its batch's ``lengths``): the
         home and every layout that the planner without graph buckets gives the batch
         (``auto_graph_layouts``; the fixed plan's under ``fixed_plan``) capture graphs from now
-        on. The cost model holds their copies and the planner is rebuilt; a model built
-        without buckets before (by the probe) is built again with them."""
+        on; the home alone still (a warning) when their copies would leave no layout that holds
+        a ``max_context`` sequence. The cost model holds their copies and the planner is
+        rebuilt; a model built without buckets before (by the probe) is built again with them."""
         free_of_graphs = self._build_planner(cost=self._cost_model(self.hardware, graphs=False))
         names = auto_graph_layouts(free_of_graphs, [lengths], fixed_entries=self.fixed_entries)
         self._chosen_graph_layouts = names
+        try:  # their copies must leave a layout that holds max_context, as the home's alone did
+            self._check_holds(self._free_planner(self._cost_model(self.hardware)))
+        except ValueError as e:
+            _log.warning("step %d: graph_layouts='auto' keeps the home %s alone: with %s capturing graphs %s",
+                         self.step + 1, self.home.name, names, e)
+            names = self._chosen_graph_layouts = [self.home.name]
         for layout in self.candidates:
             model = self._models.get(layout.name)
             if model is not None and not model.graph_buckets and self._graph_buckets(layout):
@@ -391,11 +387,30 @@ class Runtime:
                     scale[c.name] = 1.0 + self.settings.explore
         return scale
 
-    def _free_planner(self) -> Planner:
-        """A planner over the candidates with switches free: what each layout holds and would
-        take alone."""
+    def _check_holds(self, free) -> None:
+        """``ValueError`` unless some candidate holds a ``max_context`` sequence under ``free``'s
+        cost model (``_free_planner``), naming what fails: the model's own state, or the context."""
+        longest = max(free.micro_batch_budget(i) for i in range(len(self.candidates)))
+        if longest >= self.max_context:
+            return
+        memory = self.hardware.memory_bytes
+        if longest == 0:
+            least = min(self.candidates, key=free.cost.static_bytes)
+            held = free.cost.graph_copies_held_bytes
+            copies = f" (with {held} bytes of the CUDA graphs' weight copies)" if held else ""
+            raise ValueError(
+                f"no candidate layout fits the model within {memory} bytes per rank: its weights, "
+                f"gradients and optimizer state alone take {free.cost.static_bytes(least)} bytes per rank{copies} "
+                f"even under {least.name}, the layout that shards them most; give more memory per rank or more "
+                f"ranks")
+        raise ValueError(f"no candidate layout holds a sequence of max_context({self.max_context}) tokens "
+                         f"within {memory} bytes per rank; the longest that fits is {longest}")
+
+    def _free_planner(self, cost=None) -> Planner:
+        """A planner over the candidates with switches free (under ``cost``, default the
+        runtime's cost model): what each layout holds and would take alone."""
         n = len(self.candidates)
-        return Planner(self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
+        return Planner(cost or self.cost, self.candidates, 0, [[0.0] * n for _ in range(n)], [0.0] * n, [0.0] * n,
                        recompute=self.recompute_modes)
 
     def _home(self, home, free) -> "_C.Layout":

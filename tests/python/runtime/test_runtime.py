@@ -510,6 +510,31 @@ def test_auto_graph_layouts_are_the_home_and_the_layouts_planned_without_graphs(
         np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_auto_graph_layouts_keep_the_home_alone_when_more_copies_would_leave_no_layout_the_max_context():
+    # At 1.85 MB per rank, tp2 holds a max-context sequence with its own graphs' copies, but no
+    # layout does with dp2's copies too: the first batch, planned under dp2 without graph
+    # buckets, leaves the home tp2 alone capturing graphs, and the run trains on.
+    budget = 1_850_000
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=False).cost_config()
+    layouts = [hs.Layout.parse("dp2"), hs.Layout.parse("tp2")]
+
+    def longest(names):
+        cost = hs.CostModel(cfg, w.hardware(budget), hs.Topology(2, 2), graph_buckets=[64, 128, 256],
+                            graph_layer_overhead_seconds=0.0, graph_layouts=names)
+        planner = hs.Planner(cost, layouts, 1, [[0.0] * 2] * 2, [0.0] * 2, [0.0] * 2)
+        return max(planner.micro_batch_budget(i) for i in range(2))
+
+    assert longest(["tp2"]) >= w.MAX_CONTEXT > longest(["dp2", "tp2"])
+    # Twelve 10-token sequences: each dp2 replica holds its six in one micro-batch.
+    out = run_world(2, w.train_auto_graphed, ["dp2", "tp2"], "tp2", [64, 128, 256], [[10] * 12, w.STEPS[1]], budget,
+                    timeout=600)
+    names, cost_layouts, ran, _ = out[0][True]
+    _, _, ref, _ = out[0][False]
+    assert "dp2" in ref[0][1]  # planned without graph buckets
+    assert names == [["tp2"]] * 3 and cost_layouts == ["tp2"], names
+    np.testing.assert_allclose([s[0] for s in ran], [s[0] for s in ref], rtol=1e-5)
+
+
 def test_a_start_up_probe_measures_the_graph_overhead():
     # Graph buckets without a graph overhead: the probe runs a bucket's pack eagerly and from
     # the graphs under dp2 and tp2 (never under pp2, whose two stages run no graphs), and its

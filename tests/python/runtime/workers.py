@@ -467,14 +467,14 @@ def train_graphed(rank, world, candidates, fixed_plan, home, buckets, graph_layo
     return out
 
 
-def train_auto_graphed(rank, world, candidates, home, buckets, steps):
+def train_auto_graphed(rank, world, candidates, home, buckets, steps, budget=1 << 40):
     """``graph_layouts="auto"``: fp32 runs of the batches of lengths ``steps`` from ``home`` on the profile
-    of ``train_graphed``, with graph buckets whose layouts the runtime chooses, and without graph
-    buckets. Per run: the graph layouts before the first step and after each (None without
-    buckets), the cost model's, per step (loss, layouts, per phase whether it ran from the
-    graphs), and the full weights (rank 0)."""
+    of ``train_graphed`` (``budget`` bytes per rank), with graph buckets whose layouts the runtime
+    chooses, and without graph buckets. Per run: the graph layouts before the first step and
+    after each (None without buckets), the cost model's, per step (loss, layouts, per phase
+    whether it ran from the graphs), and the full weights (rank 0)."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
-    fields = hardware(1 << 40).to_dict()
+    fields = hardware(budget).to_dict()
     fields["layer_overhead_seconds"] = 0.05
     profile = hs.HardwareProfile.from_dict(fields)
     calls = []
