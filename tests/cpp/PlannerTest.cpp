@@ -257,10 +257,10 @@ TEST(PlannerTest, ObjectiveByHand) {
   EXPECT_EQ(home.switchSeconds, 0);
   EXPECT_EQ(home.order, std::vector<int>{0});
   // {5, 3} under dp2 and {7} under tp2 (half the FLOPs per rank plus 6 collectives per layer of
-  // 7 tokens * 8 * 2 bytes / 2 at 1e3 B/s, and the head's: 2 of them and 3 all-reduces of 4
+  // 7 tokens * 8 * 2 bytes / 2 at 1e3 B/s, and the head's: 1 of them and 3 all-reduces of 4
   // bytes a token): a round trip of switches and tp2's gradients, reduced over its data group
   // of one (free) and switched home.
-  const double tp2 = u(7) / 2 + 2 * 6 * 0.5 * 7 * 16 / 1e3 + 7 * (2 * 0.5 * 16 + 3 * 2 * 0.5 * 4) / 1e3;
+  const double tp2 = u(7) / 2 + 2 * 6 * 0.5 * 7 * 16 / 1e3 + 7 * (1 * 0.5 * 16 + 3 * 2 * 0.5 * 4) / 1e3;
   ObjectiveValue both = p.objective({5, 3, 7}, {0, 0, 1});
   EXPECT_NEAR(both.totalSeconds, u(5) + reduce + tp2 + 0.25 + 2 * 0.5, 1e-12);
   EXPECT_NEAR(both.phaseSeconds[1], tp2 + 0.25, 1e-12);
