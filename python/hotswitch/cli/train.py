@@ -787,18 +787,25 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
                            candidates, 0,
                            [[0.0] * n for _ in range(n)], [0.0] * n, **options)
         home = probe.plan([settings.max_context]).best_static_candidate
+
+    def planner_with(graphs):
+        return build_planner(model, hardware, topology, candidates, home, zero=settings.zero, graphs=graphs,
+                             tp_overlap=settings.tp_overlap, recompute_chunk_layers=settings.recompute_chunk_layers,
+                             **options)
+
     batches = [sampler.next_batch() for _ in range(args.dry_run_steps)]
     if auto and batches:
         # As the runtime chooses them: the home and what the planner without graphs gives batch 1.
-        free_of_graphs = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
-                                       tp_overlap=settings.tp_overlap,
-                                       recompute_chunk_layers=settings.recompute_chunk_layers, **options)
-        chosen = auto_graph_layouts(free_of_graphs, [[len(s) for s in batches[0]]],
+        chosen = auto_graph_layouts(planner_with(None), [[len(s) for s in batches[0]]],
                                     None if fixed is None else fixed_plan_entries(fixed, candidates))
         graphs = settings.graph_options(hardware, model=config, graph_max_scores=max_scores, graph_layouts=chosen)
-    planner = build_planner(model, hardware, topology, candidates, home, zero=settings.zero,
-                            graphs=graphs, tp_overlap=settings.tp_overlap,
-                            recompute_chunk_layers=settings.recompute_chunk_layers, **options)
+    planner = planner_with(graphs)
+    longest = config.max_position_embeddings if settings.max_context is None else settings.max_context
+    if auto and batches and max(planner.micro_batch_budget(i) for i in range(len(candidates))) < longest:
+        # As the runtime: the home alone, when the chosen copies leave no layout the max context.
+        chosen = [names[home]]
+        planner = planner_with(settings.graph_options(hardware, model=config, graph_max_scores=max_scores,
+                                                      graph_layouts=chosen))
     entries = None
     if fixed is not None:  # the runtime runs the fixed plan; refused as it refuses one no layout holds
         entries = fixed_plan_entries(fixed, candidates)
