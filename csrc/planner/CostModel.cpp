@@ -455,10 +455,11 @@ LayoutTerms CostModel::terms(const Layout& layout, Recompute recompute) const {
     // gradient and reduce-scatters its input gradient, each row-parallel one gathers its output
     // gradient (6). Without: 2 all-reduces each way, each two collectives' traffic. The
     // column-parallel products' 4 backward ones run beside their products: tpOverlap of them hides.
-    // A rerun that stops early skips its chunk's last row-parallel collective.
-    const double skipped = full && options_.recomputeChunkLayers > 0
-                               ? (sp ? 1.0 : 2.0) / static_cast<double>(options_.recomputeChunkLayers)
-                               : 0.0;
+    // A rerun that stops early skips its chunk's last row-parallel collective: the stage's
+    // layers cut into ceil(layers / k) chunks.
+    const int64_t k = options_.recomputeChunkLayers;
+    const double chunks = k > 0 ? std::ceil(layers / static_cast<double>(k)) : 0.0;
+    const double skipped = full && k > 0 ? (sp ? 1.0 : 2.0) * chunks / layers : 0.0;
     const double collectives = (sp ? 10 : 8) + (full ? 4 : 0) - skipped - 4.0 * options_.tpOverlap;
     out.alphaTp = layers * collectives * (t - 1) / t * h * b / bw;
     out.microBatchTpSeconds = layers * collectives * (t - 1) * lat;

@@ -62,7 +62,8 @@
 //    this runtime's compiled layers wait for each collective where it is posted). So 6 (10,
 //    4, 8) are priced by default, 10 (14, 8, 12) at 0. A full recomputation whose rerun of a
 //    chunk of k layers stops early (`recomputeChunkLayers` k) skips the chunk's last
-//    reduce-scatter (all-reduce without sequence parallelism): 1/k (2/k) fewer per layer. One
+//    reduce-scatter (all-reduce without sequence parallelism): a stage of L layers, cut into
+//    ceil(L / k) chunks, posts that many (twice that many) fewer. One
 //    collective of B bytes over a group of t ranks (a ring, `collectiveSeconds`):
 //      (t - 1) * (B / t / bw + lat)        (an all-reduce twice that)
 //    Inside a node bw = intra-node bandwidth; a group across nodes with r ranks on each node

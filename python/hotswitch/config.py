@@ -196,10 +196,11 @@ class RuntimeConfig:
     others room for larger micro-batches. The layouts not named run as without graph buckets.
 
     ``"auto"``: the runtime names them itself (``Runtime.graph_layouts``): the home alone until
-    the first training step, then the home and every layout that a planner without graph
-    buckets gives that step's batch (``hotswitch.planner.auto_graph_layouts``), for the rest of
-    the process's run (a resumed run chooses again at its first step); the home alone still
-    when their copies would leave no layout that holds a ``max_context`` sequence."""
+    the first training step, then the home of that step and every layout that a planner
+    without graph buckets gives its batch (``hotswitch.planner.auto_graph_layouts``), kept for
+    the rest of the process's run even when the home moves (a resumed run chooses again at its
+    first step); the home alone when their copies would leave no layout that holds a
+    ``max_context`` sequence (or a fixed plan's bounds), none when even the home's would."""
 
     def __post_init__(self):
         check_choice("nonfinite", self.nonfinite, NONFINITE_POLICIES)
@@ -317,8 +318,9 @@ class RuntimeConfig:
         """The cost model's ``recompute_chunk_layers``: full recomputation reruns each chunk of
         ``recompute_num_layers`` layers under PyTorch's non-reentrant checkpoint, which stops
         after the last tensor the chunk's backward saved (its last reduce-scatter is not posted
-        again)."""
-        return self.recompute_num_layers
+        again). 0 under ``compile_layers``: a compiled layer's saved tensors come out of its
+        compiled forward whole, so its rerun is not known to stop early (unmeasured)."""
+        return 0 if self.compile_layers else self.recompute_num_layers
 
     def graph_options(self, hardware: "HardwareProfile", graph_layer_overhead_seconds: Optional[float] = None,
                       model=None, graph_max_scores: Optional[int] = None,

@@ -296,6 +296,7 @@ class Runtime:
         self.scaler = None if s.loss_scaling is None else GradScaler(s.loss_scaling)
         self.skipped = 0  # steps without an optimizer update: the learning-rate schedule does not count them
         self._probed = False
+        self._rebuilt: set = set()  # layouts whose models graph_layouts="auto" built again, until they run
         if s.probe:
             self._guarded(lambda: self._probe(home_given=s.home is not None), lambda: "the start-up probe")
 
@@ -352,22 +353,36 @@ class Runtime:
         """``graph_layouts="auto"``, at the first training step (its batch's ``lengths``): the
         home and every layout that the planner without graph buckets gives the batch
         (``auto_graph_layouts``; the fixed plan's under ``fixed_plan``) capture graphs from now
-        on; the home alone still (a warning) when their copies would leave no layout that holds
-        a ``max_context`` sequence. The cost model holds their copies and the planner is
-        rebuilt; a model built without buckets before (by the probe) is built again with them."""
+        on; the home alone (a warning) when their copies would leave no layout that holds a
+        ``max_context`` sequence or the fixed plan's bounds, and none when even the home's would.
+        The cost model holds their copies and the planner is rebuilt; a model built without
+        buckets before (by the probe) is built again with them, and its first phase, which
+        compiles and captures, is cold: not observed by the calibration."""
         free_of_graphs = self._build_planner(cost=self._cost_model(self.hardware, graphs=False))
-        names = auto_graph_layouts(free_of_graphs, [lengths], fixed_entries=self.fixed_entries)
-        self._chosen_graph_layouts = names
-        try:  # their copies must leave a layout that holds max_context, as the home's alone did
-            self._check_holds(self._free_planner(self._cost_model(self.hardware)))
-        except ValueError as e:
-            _log.warning("step %d: graph_layouts='auto' keeps the home %s alone: with %s capturing graphs %s",
-                         self.step + 1, self.home.name, names, e)
-            names = self._chosen_graph_layouts = [self.home.name]
+        chosen = auto_graph_layouts(free_of_graphs, [lengths], fixed_entries=self.fixed_entries)
+        # Their copies must leave a layout that holds max_context (and the fixed plan's bounds):
+        # else the home alone, else none.
+        tries = [chosen] + ([[self.home.name]] if chosen != [self.home.name] else []) + [[]]
+        for i, names in enumerate(tries):
+            self._chosen_graph_layouts = names
+            cost = self._cost_model(self.hardware)
+            try:
+                self._check_holds(self._free_planner(cost))
+                if self.fixed_entries is not None:
+                    self._build_planner(cost=cost).check_fixed_plan(self.fixed_entries)
+                break
+            except ValueError as e:
+                if i == len(tries) - 1:
+                    raise
+                _log.warning("step %d: graph_layouts='auto' does not take %s: with their graphs' copies %s",
+                             self.step + 1, names, e)
         for layout in self.candidates:
             model = self._models.get(layout.name)
             if model is not None and not model.graph_buckets and self._graph_buckets(layout):
+                # Built again with buckets: its next phase compiles and captures, a cold one.
                 del self._models[layout.name]
+                self._warm.pop(layout.name, None)
+                self._rebuilt.add(layout.name)
         self._widen_calibration_graphs()
         self.cost = self._cost_model(self.hardware)
         self.planner = self._build_planner()
@@ -403,8 +418,10 @@ class Runtime:
                 f"gradients and optimizer state alone take {free.cost.static_bytes(least)} bytes per rank{copies} "
                 f"even under {least.name}, the layout that shards them most; give more memory per rank or more "
                 f"ranks")
+        held = free.cost.graph_copies_held_bytes
+        copies = f" beside {held} bytes of the CUDA graphs' weight copies" if held else ""
         raise ValueError(f"no candidate layout holds a sequence of max_context({self.max_context}) tokens "
-                         f"within {memory} bytes per rank; the longest that fits is {longest}")
+                         f"within {memory} bytes per rank{copies}; the longest that fits is {longest}")
 
     def _free_planner(self, cost=None) -> Planner:
         """A planner over the candidates with switches free (under ``cost``, default the
@@ -715,7 +732,7 @@ class Runtime:
         self.prediction_errors.append(error)
         self.step += 1
         self.skipped += int(skipped)
-        self._observe(plan, lengths, times.tolist(), ran_graphs)
+        self._observe(plan, lengths, times.tolist(), ran_graphs, cold)
         self._update_trust(plan, [float(times[2 + 3 * k]) for k in range(len(phases))], cold)
         if self.settings.home_window:
             self._recent.append(lengths)
@@ -978,11 +995,15 @@ class Runtime:
                       "step %d", self.step, name, measured, predicted, 100 * error,
                       100 * threshold, self._left_out_until[name])
 
-    def _observe(self, plan, lengths, times, ran_graphs) -> None:
+    def _observe(self, plan, lengths, times, ran_graphs, cold=None) -> None:
         """Feeds the step's slowest-rank times to the online calibration (from the second step
         on: the first runs each layout cold) and fits the cost model; the fit is agreed on and
         used at the next step. After a start-up probe (``RuntimeConfig.probe``) every layout is
-        warm at the first step, which then counts too."""
+        warm at the first step, which then counts too, but for the phases of a model that
+        ``graph_layouts="auto"`` built again (``cold``: per phase, its layout's first in this
+        process), which compiled and captured its graphs."""
+        rebuilt = self._rebuilt
+        self._rebuilt = rebuilt - {ph.layout.name for ph in plan.phases}
         if self.calibration is None or (self.step < 2 and not self._probed):
             return
         parts = times[2:]
@@ -990,8 +1011,10 @@ class Runtime:
             self._measured.add(ph.layout.name)
             compute_s, switch_s, grad_s = parts[3 * k: 3 * k + 3]
             batches = [[[lengths[i] for i in mb] for mb in replica] for replica in ph.packing.micro_batches]
-            self.calibration.observe_phase(ph.layout, batches, compute_s, ph.recompute,
-                                           graph_tokens=ran_graphs[k] if self._graph_overhead is not None else None)
+            if not (cold is not None and cold[k] and ph.layout.name in rebuilt):
+                self.calibration.observe_phase(ph.layout, batches, compute_s, ph.recompute,
+                                               graph_tokens=ran_graphs[k] if self._graph_overhead is not None
+                                               else None)
             # Planned at the current scale; the home phase's own reduction is planned as 0.
             self.calibration.observe_switch(ph.switch_in_seconds / self._switch_scale, switch_s)
             self.calibration.observe_switch(ph.grad_seconds / self._switch_scale, grad_s)
@@ -1324,7 +1347,8 @@ class Runtime:
         self._owned = None
         self._models.clear()
         self._costs = None
-        self.cost = self._cost_model(self.hardware)  # under graph_layouts="auto", the new home's graphs
+        # Under graph_layouts="auto", before the first step chooses them: the new home's graphs.
+        self.cost = self._cost_model(self.hardware)
         self._widen_calibration_graphs()
         self.planner = self._build_planner()
         self._restricted = {}

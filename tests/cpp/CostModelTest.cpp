@@ -422,6 +422,7 @@ TEST(CostModelTest, TensorParallelCollectivesPerLayerFollowSequenceParallelismAn
   };
   EXPECT_NEAR(early(true, 1, Recompute::kFull), 13, 1e-9);
   EXPECT_NEAR(early(true, 2, Recompute::kFull), 13.5, 1e-9);
+  EXPECT_NEAR(early(true, 3, Recompute::kFull), 13.5, 1e-9);  // 2 layers: one chunk of 3 still
   EXPECT_NEAR(early(false, 1, Recompute::kFull), 10, 1e-9);
   EXPECT_NEAR(early(true, 1, Recompute::kNone), 10, 1e-9);  // nothing is rerun
   EXPECT_NEAR(early(true, 1, Recompute::kSelective), 10, 1e-9);

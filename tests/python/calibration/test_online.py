@@ -80,6 +80,8 @@ def test_phases_are_priced_with_the_tp_overlap_the_layers_ran_with():
         with pytest.raises(ValueError, match="recompute_chunk_layers must be an int >= 0, got"):
             OnlineCalibration(cfg, hs.Topology(4, 4), zero=False, recompute_chunk_layers=bad)
     assert hs.RuntimeConfig(recompute_num_layers=3).recompute_chunk_layers == 3
+    # Compiled layers: not known to stop early, priced as the whole rerun.
+    assert hs.RuntimeConfig(recompute_num_layers=3, compile_layers=True).recompute_chunk_layers == 0
     assert hs.CostModel(cfg, truth, hs.Topology(4, 4)).recompute_chunk_layers == 0  # Megatron-LM's whole rerun
 
 

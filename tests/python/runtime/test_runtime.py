@@ -535,6 +535,33 @@ def test_auto_graph_layouts_keep_the_home_alone_when_more_copies_would_leave_no_
     np.testing.assert_allclose([s[0] for s in ran], [s[0] for s in ref], rtol=1e-5)
 
 
+def test_auto_graph_layouts_keep_the_home_alone_when_more_copies_would_break_the_fixed_plan():
+    # At 2 MB per rank under the fixed plan "dp2 up to 100 tokens, tp2 up to 256": tp2 holds
+    # 256 tokens with both layouts' copies, but dp2 holds 100 only without its own; the plan
+    # names both, so the first step would choose both, which the fixed plan's bounds refuse:
+    # the home tp2 alone captures graphs, and the run trains as without buckets.
+    budget = 2_000_000
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=False).cost_config()
+    layouts = [hs.Layout.parse("dp2"), hs.Layout.parse("tp2")]
+
+    def budgets(names):
+        cost = hs.CostModel(cfg, w.hardware(budget), hs.Topology(2, 2), graph_buckets=[64, 128, 256],
+                            graph_layer_overhead_seconds=0.0, graph_layouts=names)
+        planner = hs.Planner(cost, layouts, 1, [[0.0] * 2] * 2, [0.0] * 2, [0.0] * 2)
+        return [planner.micro_batch_budget(i) for i in range(2)]
+
+    both, home = budgets(["dp2", "tp2"]), budgets(["tp2"])
+    assert both[1] >= w.MAX_CONTEXT and both[0] < 100 <= home[0], (both, home)
+    fixed = [[100, "dp2"], [256, "tp2"]]
+    out = run_world(2, w.train_auto_graphed, ["dp2", "tp2"], "tp2", [64, 128, 256], [w.STEPS[1], w.STEPS[2]],
+                    budget, fixed, timeout=600)
+    names, cost_layouts, ran, _ = out[0][True]
+    _, _, ref, _ = out[0][False]
+    assert names == [["tp2"]] * 3 and cost_layouts == ["tp2"], names
+    assert [s[1] for s in ran] == [s[1] for s in ref] and any("dp2" in s[1] for s in ran), ran
+    np.testing.assert_allclose([s[0] for s in ran], [s[0] for s in ref], rtol=1e-5)
+
+
 def test_a_start_up_probe_measures_the_graph_overhead():
     # Graph buckets without a graph overhead: the probe runs a bucket's pack eagerly and from
     # the graphs under dp2 and tp2 (never under pp2, whose two stages run no graphs), and its

@@ -467,12 +467,12 @@ def train_graphed(rank, world, candidates, fixed_plan, home, buckets, graph_layo
     return out
 
 
-def train_auto_graphed(rank, world, candidates, home, buckets, steps, budget=1 << 40):
+def train_auto_graphed(rank, world, candidates, home, buckets, steps, budget=1 << 40, fixed_plan=None):
     """``graph_layouts="auto"``: fp32 runs of the batches of lengths ``steps`` from ``home`` on the profile
     of ``train_graphed`` (``budget`` bytes per rank), with graph buckets whose layouts the runtime
     chooses, and without graph buckets. Per run: the graph layouts before the first step and
     after each (None without buckets), the cost model's, per step (loss, layouts, per phase
-    whether it ran from the graphs), and the full weights (rank 0)."""
+    whether it ran from the graphs), and the full weights (rank 0). ``fixed_plan``: both runs'."""
     cfg = hs.TransformerConfig(**TINY, tied_embedding=False)
     fields = hardware(budget).to_dict()
     fields["layer_overhead_seconds"] = 0.05
@@ -490,7 +490,7 @@ def train_auto_graphed(rank, world, candidates, home, buckets, steps, budget=1 <
     for graphs in (False, True):
         extra = dict(graph_buckets=buckets, graph_layer_overhead_seconds=0.0, graph_layouts="auto") if graphs else {}
         rt = hs.Runtime(cfg, candidates=candidates, home=home, hardware=profile, max_context=MAX_CONTEXT,
-                        seed=7, recalibrate=False, **extra,
+                        seed=7, recalibrate=False, fixed_plan=fixed_plan, **extra,
                         optimizer=lambda p: torch.optim.AdamW(p, lr=LR, eps=1e-6, weight_decay=0.1))
         chosen = [rt.graph_layouts if graphs else None]
         ran = []
