@@ -366,10 +366,11 @@ class Runtime:
         for i, names in enumerate(tries):
             self._chosen_graph_layouts = names
             cost = self._cost_model(self.hardware)
+            planner = self._build_planner(cost=cost)
             try:
                 self._check_holds(self._free_planner(cost))
                 if self.fixed_entries is not None:
-                    self._build_planner(cost=cost).check_fixed_plan(self.fixed_entries)
+                    planner.check_fixed_plan(self.fixed_entries)
                 break
             except ValueError as e:
                 if i == len(tries) - 1:
@@ -384,8 +385,7 @@ class Runtime:
                 self._warm.pop(layout.name, None)
                 self._rebuilt.add(layout.name)
         self._widen_calibration_graphs()
-        self.cost = self._cost_model(self.hardware)
-        self.planner = self._build_planner()
+        self.cost, self.planner = cost, planner
         self._restricted = {}
         _log.info("step %d: graph_layouts='auto' chose %s (the home and the layouts planned without graph buckets)",
                   self.step + 1, names)

@@ -510,21 +510,23 @@ def test_auto_graph_layouts_are_the_home_and_the_layouts_planned_without_graphs(
         np.testing.assert_allclose(weights[name], ref_weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def _graph_budgets(budget, names):
+    """dp2's and tp2's micro-batch budgets (tokens) for the untied TINY model at ``budget`` bytes
+    per rank, with graph buckets captured by the layouts ``names`` (their copies held)."""
+    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=False).cost_config()
+    cost = hs.CostModel(cfg, w.hardware(budget), hs.Topology(2, 2), graph_buckets=[64, 128, 256],
+                        graph_layer_overhead_seconds=0.0, graph_layouts=names)
+    planner = hs.Planner(cost, [hs.Layout.parse("dp2"), hs.Layout.parse("tp2")], 1, [[0.0] * 2] * 2, [0.0] * 2,
+                         [0.0] * 2)
+    return [planner.micro_batch_budget(i) for i in range(2)]
+
+
 def test_auto_graph_layouts_keep_the_home_alone_when_more_copies_would_leave_no_layout_the_max_context():
     # At 1.85 MB per rank, tp2 holds a max-context sequence with its own graphs' copies, but no
     # layout does with dp2's copies too: the first batch, planned under dp2 without graph
     # buckets, leaves the home tp2 alone capturing graphs, and the run trains on.
     budget = 1_850_000
-    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=False).cost_config()
-    layouts = [hs.Layout.parse("dp2"), hs.Layout.parse("tp2")]
-
-    def longest(names):
-        cost = hs.CostModel(cfg, w.hardware(budget), hs.Topology(2, 2), graph_buckets=[64, 128, 256],
-                            graph_layer_overhead_seconds=0.0, graph_layouts=names)
-        planner = hs.Planner(cost, layouts, 1, [[0.0] * 2] * 2, [0.0] * 2, [0.0] * 2)
-        return max(planner.micro_batch_budget(i) for i in range(2))
-
-    assert longest(["tp2"]) >= w.MAX_CONTEXT > longest(["dp2", "tp2"])
+    assert max(_graph_budgets(budget, ["tp2"])) >= w.MAX_CONTEXT > max(_graph_budgets(budget, ["dp2", "tp2"]))
     # Twelve 10-token sequences: each dp2 replica holds its six in one micro-batch.
     out = run_world(2, w.train_auto_graphed, ["dp2", "tp2"], "tp2", [64, 128, 256], [[10] * 12, w.STEPS[1]], budget,
                     timeout=600)
@@ -541,16 +543,7 @@ def test_auto_graph_layouts_keep_the_home_alone_when_more_copies_would_break_the
     # names both, so the first step would choose both, which the fixed plan's bounds refuse:
     # the home tp2 alone captures graphs, and the run trains as without buckets.
     budget = 2_000_000
-    cfg = hs.TransformerConfig(**w.TINY, tied_embedding=False).cost_config()
-    layouts = [hs.Layout.parse("dp2"), hs.Layout.parse("tp2")]
-
-    def budgets(names):
-        cost = hs.CostModel(cfg, w.hardware(budget), hs.Topology(2, 2), graph_buckets=[64, 128, 256],
-                            graph_layer_overhead_seconds=0.0, graph_layouts=names)
-        planner = hs.Planner(cost, layouts, 1, [[0.0] * 2] * 2, [0.0] * 2, [0.0] * 2)
-        return [planner.micro_batch_budget(i) for i in range(2)]
-
-    both, home = budgets(["dp2", "tp2"]), budgets(["tp2"])
+    both, home = _graph_budgets(budget, ["dp2", "tp2"]), _graph_budgets(budget, ["tp2"])
     assert both[1] >= w.MAX_CONTEXT and both[0] < 100 <= home[0], (both, home)
     fixed = [[100, "dp2"], [256, "tp2"]]
     out = run_world(2, w.train_auto_graphed, ["dp2", "tp2"], "tp2", [64, 128, 256], [w.STEPS[1], w.STEPS[2]],
