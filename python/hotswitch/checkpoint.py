@@ -124,12 +124,13 @@ def _save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional
         tensors, scalars = _states(state_dict)
         writes = owned_pieces(runtime.tensor_set, runtime.home, runtime.home_placement).get(rank, set())
         os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
+        specs = runtime.tensor_set.specs
         for state, local in tensors.items():
             for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                            _buffers(runtime, local)):
                 if (t, lo, hi) not in writes:
                     continue
-                spec = runtime.tensor_set.specs[t]
+                spec = specs[t]
                 runtime.hooks.fire("save")
                 rel = os.path.join("boxes", state, spec.name, _box_name(lo, hi) + ".bin")
                 path = os.path.join(tmp, rel)
@@ -304,11 +305,12 @@ def _load(runtime, path: str, load_optimizer: bool = True, load_rng: bool = True
         current = runtime.state_dict()
         masters = current["params"]
         new_states = {}
+        specs = runtime.tensor_set.specs
         for state in (meta["states"] if load_optimizer else [s for s in meta["states"] if s == "param"]):
             local = [torch.empty_like(p) for p in masters]
             for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                            _buffers(runtime, local)):
-                name = runtime.tensor_set.specs[t].name
+                name = specs[t].name
                 _fill(reader, by_tensor.get((state, name), []), lo, hi, view, f"tensor {name!r} ({state})")
             if runtime.zero:
                 # ZeRO padding beyond the last tensor belongs to nobody: zero it.

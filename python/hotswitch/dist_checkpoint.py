@@ -148,12 +148,13 @@ def save(runtime, root: str, data_state: Optional[dict] = None, extra: Optional[
     tensors, scalars = _states(state_dict)
     writes = owned_pieces(runtime.tensor_set, runtime.home, runtime.home_placement).get(rank, set())
     items: List[Tuple[WriteItem, object]] = []
+    specs = runtime.tensor_set.specs
     for state, local in tensors.items():
         buffers = [t.reshape(-1) if runtime.zero else t for t in local]
         for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, runtime.home_placement, rank, buffers):
             if (t, lo, hi) not in writes:
                 continue
-            spec = runtime.tensor_set.specs[t]
+            spec = specs[t]
             data = view.detach().cpu().contiguous().clone()
             fqn = _fqn(state, spec.name)
             items.append((WriteItem(index=MetadataIndex(fqn, torch.Size(lo)), type=WriteItemType.SHARD,
@@ -234,12 +235,13 @@ def load(runtime, path: str, load_optimizer: bool = True, load_rng: bool = True,
             raise CheckpointError(f"{path} holds tensors the model lacks: {extra[:5]}")
         masters = runtime.state_dict()["params"]
         boxes: Dict[str, List[Tuple[tuple, torch.Tensor]]] = {}
+        specs = runtime.tensor_set.specs
         for state in states:
             local = [torch.empty_like(p) for p in masters]
             buffers = [t.reshape(-1) if runtime.zero else t for t in local]
             for t, lo, hi, view in local_views(runtime.tensor_set, runtime.home, runtime.home_placement, rank,
                                                buffers):
-                boxes.setdefault(_fqn(state, runtime.tensor_set.specs[t].name), []).append((tuple(lo), view))
+                boxes.setdefault(_fqn(state, specs[t].name), []).append((tuple(lo), view))
             if runtime.zero:  # ZeRO padding beyond the last tensor belongs to nobody
                 local[0].view(-1).zero_()
             new_states[state] = local

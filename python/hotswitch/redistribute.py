@@ -208,7 +208,8 @@ def _flatten_shards(shards: Shards, plan, tensor_set, rank: int, kind: str) -> L
         return [shards.detach()]
     if not isinstance(shards, dict):
         raise ValueError(f"shards must be a dict of name -> tensor, got {type(shards).__name__}")
-    names = [tensor_set.specs[t].name for t, _, _ in expected]
+    specs = tensor_set.specs  # (a new list of every spec at each access: read once)
+    names = [specs[t].name for t, _, _ in expected]
     missing = [n for n in names if n not in shards]
     extra = sorted(set(shards) - set(names))
     if missing or extra:
@@ -331,7 +332,8 @@ def switch(
     if dst_kind == "zero":
         out: Shards = new_buffers[0]
     else:
-        out = {tensor_set.specs[t].name: buf.view(shape) for (t, shape, _), buf in zip(specs, new_buffers)}
+        names = tensor_set.specs
+        out = {names[t].name: buf.view(shape) for (t, shape, _), buf in zip(specs, new_buffers)}
     _log.debug("rank %d: %s -> %s sent %d B in %.3f ms", rank, src, dst, info["bytes_sent"], info["seconds"] * 1e3)
     return SwitchResult(
         shards=out,

@@ -73,12 +73,13 @@ def shard_tensors(
     placement = _C.Placement(tensor_set, layout, kind)
     buffers = [torch.zeros(torch.Size(shape).numel(), dtype=getattr(torch, dtype))
                for _, shape, dtype in placement.buffers(rank)]
+    specs = tensor_set.specs  # (a new list of every spec at each access: read once)
     for tensor, lo, hi, buffer, offset, strides, _ in placement.pieces(rank):
-        name = tensor_set.specs[tensor].name
+        name = specs[tensor].name
         box = tuple(slice(a, b) for a, b in zip(lo, hi))
         sizes = [b - a for a, b in zip(lo, hi)]
         buffers[buffer].as_strided(sizes, strides, offset).copy_(full[name][box])
     if kind == "zero":
         return buffers[0]
-    return {tensor_set.specs[t].name: buf.view(shape)
+    return {specs[t].name: buf.view(shape)
             for (t, shape, _), buf in zip(placement.buffers(rank), buffers)}

@@ -81,7 +81,8 @@ def init_shards(config, layout: "_C.Layout", rank: int, seed: int = 0,
     tensor_set = config.tensor_set()
     placement = _C.Placement(tensor_set, layout, "sharded")
     dtype = getattr(torch, config.dtype)
-    buffers = [(tensor_set.specs[t], torch.empty(shape, dtype=dtype, device=device))
+    specs = tensor_set.specs
+    buffers = [(specs[t], torch.empty(shape, dtype=dtype, device=device))
                for t, shape, _ in placement.buffers(rank)]
     for tensor, lo, hi, buffer, offset, strides, _ in placement.pieces(rank):
         spec, local = buffers[buffer]

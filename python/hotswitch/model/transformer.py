@@ -464,8 +464,8 @@ class ParallelTransformer(nn.Module):
         self._fuse_wgrad = True
         self.kernels = "torch" if compile_layers else select_fused(self.device, kernels)
         placement = _C.Placement(self.tensor_set, layout, "sharded")
-        self._expected = {self.tensor_set.specs[t].name: tuple(shape)
-                          for t, shape, _ in placement.buffers(groups.rank)}
+        specs = self.tensor_set.specs
+        self._expected = {specs[t].name: tuple(shape) for t, shape, _ in placement.buffers(groups.rank)}
         if shards is None:
             shards = init_shards(config, layout, groups.rank, seed, self.device)
         else:
