@@ -9,11 +9,13 @@ The dry run over these is ``python -m hotswitch.cli.plan``; simulations of many 
 
 import json
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from hotswitch import _C
 from hotswitch.redistribute import plan_switch
 from hotswitch.specs import llama_tensor_set
+
+T = TypeVar("T")
 
 __all__ = [
     "PLANS_UP_TO_WORLD",
@@ -28,6 +30,7 @@ __all__ = [
     "order_keeps_locality",
     "check_candidates",
     "fixed_plan_entries",
+    "keep_graph_layouts",
     "free_planner",
     "load_fixed_plan",
     "plan_choice",
@@ -447,6 +450,25 @@ def auto_graph_layouts(planner: "_C.Planner", batches: Sequence[Sequence[int]],
         plan = planner.plan(list(batch)) if fixed_entries is None else planner.plan_fixed(list(batch), fixed_entries)
         used.update(ph.candidate for ph in plan.phases)
     return [c.name for i, c in enumerate(planner.candidates) if i in used]
+
+
+def keep_graph_layouts(chosen: Sequence[str], home: str, check: Callable[[List[str]], T]
+                       ) -> Tuple[List[str], T, List[Tuple[List[str], ValueError]]]:
+    """``graph_layouts="auto"``'s fallback, as the runtime and the dry run apply it: of
+    ``chosen`` (``auto_graph_layouts``), the ``home`` alone, and none, the first set whose
+    weight copies ``check(names)`` accepts; ``check`` raises ``ValueError`` naming what they
+    break (the max context, a fixed plan's bound). Returns that set, what ``check`` returned
+    for it, and each set refused before it with its error. Raises the last error when even
+    none is refused."""
+    refused: List[Tuple[List[str], ValueError]] = []
+    for names in [list(chosen)] + ([[home]] if list(chosen) != [home] else []):
+        if not names:
+            break
+        try:
+            return names, check(names), refused
+        except ValueError as e:
+            refused.append((names, e))
+    return [], check([]), refused
 
 
 def free_planner(planner: "_C.Planner", **options) -> "_C.Planner":

@@ -41,7 +41,8 @@ from hotswitch.model.context import CP_MIN_CHUNK
 from hotswitch.model.attention import PackAttention, select_kernel
 from hotswitch.model.groups import ParallelGroups, backend_device, global_ranks
 from hotswitch.model.transformer import ParallelTransformer
-from hotswitch.planner import (auto_graph_layouts, check_candidates, choose_home, fixed_plan_entries, load_fixed_plan,
+from hotswitch.planner import (auto_graph_layouts, check_candidates, choose_home, fixed_plan_entries,
+                               keep_graph_layouts, load_fixed_plan,
                                plan_choice, redistribution_seconds, tensor_switch_costs, with_fixed_layouts)
 from hotswitch.precision import GradScaler
 from hotswitch.config import RuntimeConfig
@@ -360,23 +361,25 @@ class Runtime:
         compiles and captures, is cold: not observed by the calibration."""
         free_of_graphs = self._build_planner(cost=self._cost_model(self.hardware, graphs=False))
         chosen = auto_graph_layouts(free_of_graphs, [lengths], fixed_entries=self.fixed_entries)
-        # Their copies must leave a layout that holds max_context (and the fixed plan's bounds):
-        # else the home alone, else none.
-        tries = [chosen] + ([[self.home.name]] if chosen != [self.home.name] else []) + [[]]
-        for i, names in enumerate(tries):
+
+        def check(names):
+            # Their copies must leave a layout that holds max_context, and the fixed plan's bounds.
             self._chosen_graph_layouts = names
             cost = self._cost_model(self.hardware)
             planner = self._build_planner(cost=cost)
-            try:
-                self._check_holds(self._free_planner(cost))
-                if self.fixed_entries is not None:
-                    planner.check_fixed_plan(self.fixed_entries)
-                break
-            except ValueError as e:
-                if i == len(tries) - 1:
-                    raise
-                _log.warning("step %d: graph_layouts='auto' does not take %s: with their graphs' copies %s",
-                             self.step + 1, names, e)
+            self._check_holds(self._free_planner(cost))
+            if self.fixed_entries is not None:
+                planner.check_fixed_plan(self.fixed_entries)
+            return cost, planner
+
+        try:
+            names, (cost, planner), refused = keep_graph_layouts(chosen, self.home.name, check)
+        except ValueError:
+            self._chosen_graph_layouts = None  # (the home alone again, as before the step)
+            raise
+        for tried, e in refused:
+            _log.warning("step %d: graph_layouts='auto' does not take %s: with their graphs' copies %s",
+                         self.step + 1, tried, e)
         for layout in self.candidates:
             model = self._models.get(layout.name)
             if model is not None and not model.graph_buckets and self._graph_buckets(layout):

@@ -751,7 +751,7 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
     from hotswitch.hardware import load_hardware as _load
     from hotswitch.model.attention import PackAttention, cuda_kernel
     from hotswitch.planner import (auto_graph_layouts, build_planner, check_candidates, fixed_plan_entries,
-                                   load_fixed_plan, with_fixed_layouts)
+                                   keep_graph_layouts, load_fixed_plan, with_fixed_layouts)
 
     hardware = settings.hardware or _load("a800")
     if settings.memory_budget_bytes is not None:
@@ -794,21 +794,28 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
                              **options)
 
     batches = [sampler.next_batch() for _ in range(args.dry_run_steps)]
-    if auto and batches:
-        # As the runtime chooses them: the home and what the planner without graphs gives batch 1.
-        chosen = auto_graph_layouts(planner_with(None), [[len(s) for s in batches[0]]],
-                                    None if fixed is None else fixed_plan_entries(fixed, candidates))
-        graphs = settings.graph_options(hardware, model=config, graph_max_scores=max_scores, graph_layouts=chosen)
-    planner = planner_with(graphs)
     longest = config.max_position_embeddings if settings.max_context is None else settings.max_context
-    if auto and batches and max(planner.micro_batch_budget(i) for i in range(len(candidates))) < longest:
-        # As the runtime: the home alone, when the chosen copies leave no layout the max context.
-        chosen = [names[home]]
-        planner = planner_with(settings.graph_options(hardware, model=config, graph_max_scores=max_scores,
-                                                      graph_layouts=chosen))
-    entries = None
-    if fixed is not None:  # the runtime runs the fixed plan; refused as it refuses one no layout holds
-        entries = fixed_plan_entries(fixed, candidates)
+    entries = None if fixed is None else fixed_plan_entries(fixed, candidates)
+    refused = []
+    if auto and batches:
+        # As the runtime chooses them: the home and what the planner without graphs gives batch 1;
+        # then the home alone, then none, while their copies leave no layout the max context or
+        # break the fixed plan's bounds (keep_graph_layouts).
+        def check(names):
+            planner = planner_with(settings.graph_options(hardware, model=config, graph_max_scores=max_scores,
+                                                          graph_layouts=names))
+            held = max(planner.micro_batch_budget(i) for i in range(len(candidates)))
+            if held < longest:
+                raise ValueError(f"no candidate layout holds a {longest}-token sequence (at most {held} tokens)")
+            if entries is not None:
+                planner.check_fixed_plan(entries)
+            return planner
+
+        planned = auto_graph_layouts(planner_with(None), [[len(s) for s in batches[0]]], entries)
+        chosen, planner, refused = keep_graph_layouts(planned, names[home], check)
+    else:
+        planner = planner_with(graphs)
+    if entries is not None:  # the runtime runs the fixed plan; refused as it refuses one no layout holds
         planner.check_fixed_plan(entries)
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
           f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
@@ -822,7 +829,10 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
         print(f"graph buckets {sorted(settings.graph_buckets)} with the {kernel} attention a GPU selects: {bound}",
               flush=True)
         if auto and batches:
-            print(f"graph layouts (auto, from batch 1 planned without graph buckets): {','.join(chosen)}", flush=True)
+            for tried, e in refused:
+                print(f"graph layouts {','.join(tried)} not taken: with their graphs' copies {e}", flush=True)
+            print(f"graph layouts (auto, from batch 1 planned without graph buckets): {','.join(chosen) or 'none'}",
+                  flush=True)
     for step, batch in enumerate(batches):
         lengths = [len(s) for s in batch]
         plan = planner.plan(lengths) if entries is None else planner.plan_fixed(lengths, entries)

@@ -142,3 +142,35 @@ def test_auto_graph_layouts_are_the_home_and_the_layouts_planned_without_graphs(
     for bad in ([], "12", None):
         with pytest.raises(ValueError, match="batches must be a non-empty list of batches of sequence lengths"):
             auto_graph_layouts(plain, bad)
+
+
+def test_auto_graph_layouts_fall_back_to_the_home_alone_then_none():
+    # keep_graph_layouts, the rule of the runtime and the dry run: the chosen set, else the home
+    # alone, else none; the first set the check accepts, with every refusal before it.
+    from hotswitch.planner import keep_graph_layouts
+
+    def refusing(*refused):
+        tried = []
+
+        def check(names):
+            tried.append(names)
+            if names in refused:
+                raise ValueError(f"{names} break the bound")
+            return len(names)
+        return check, tried
+
+    check, tried = refusing()
+    assert keep_graph_layouts(["dp2", "tp2"], "tp2", check) == (["dp2", "tp2"], 2, []) and tried == [["dp2", "tp2"]]
+    check, tried = refusing(["dp2", "tp2"])
+    names, result, refused = keep_graph_layouts(["dp2", "tp2"], "tp2", check)
+    assert (names, result, tried) == (["tp2"], 1, [["dp2", "tp2"], ["tp2"]])
+    assert [(n, str(e)) for n, e in refused] == [(["dp2", "tp2"], "['dp2', 'tp2'] break the bound")]
+    check, tried = refusing(["dp2", "tp2"], ["tp2"])
+    assert keep_graph_layouts(["dp2", "tp2"], "tp2", check)[:2] == ([], 0) and tried[-1] == []
+    # The home alone is tried once, not twice, when it is what was chosen.
+    check, tried = refusing(["tp2"])
+    assert keep_graph_layouts(["tp2"], "tp2", check)[:2] == ([], 0) and tried == [["tp2"], []]
+    # When even none is refused, its error is raised.
+    check, tried = refusing(["dp2", "tp2"], ["tp2"], [])
+    with pytest.raises(ValueError, match=r"\[\] break the bound"):
+        keep_graph_layouts(["dp2", "tp2"], "tp2", check)
