@@ -117,10 +117,41 @@ uint64_t fnv1a(const std::string& text, uint64_t seed) {
   return h;
 }
 
+namespace {
+
+uint64_t fnv1aBytes(const void* data, size_t size, uint64_t h) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    h ^= bytes[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+uint64_t fnv1aInt(int64_t value, uint64_t h) { return fnv1aBytes(&value, sizeof(value), h); }
+
+// A list as its length, then its elements: no two different lists hash the same bytes.
+uint64_t fnv1aInts(const std::vector<int64_t>& values, uint64_t h) {
+  h = fnv1aInt(static_cast<int64_t>(values.size()), h);
+  return values.empty() ? h : fnv1aBytes(values.data(), values.size() * sizeof(int64_t), h);
+}
+
+}  // namespace
+
 uint64_t TensorSet::fingerprint() const {
-  uint64_t h = fnv1a(str("layers=", numLayers));
+  // Every field of every spec, each length-prefixed, hashed as it is stored: no text is
+  // formatted (called on every switch, for sets of hundreds of tensors).
+  uint64_t h = fnv1aInt(numLayers, fnv1a("hotswitch.TensorSet"));
+  h = fnv1aInt(static_cast<int64_t>(specs.size()), h);
   for (const ParamSpec& spec : specs) {
-    h = fnv1a(spec.toString(), h);
+    h = fnv1aInt(static_cast<int64_t>(spec.name.size()), h);
+    h = fnv1aBytes(spec.name.data(), spec.name.size(), h);
+    h = fnv1aInts(spec.shape, h);
+    h = fnv1aInt(static_cast<int64_t>(spec.dtype), h);
+    h = fnv1aInt(static_cast<int64_t>(spec.rule), h);
+    h = fnv1aInts(spec.groups, h);
+    h = fnv1aInt(static_cast<int64_t>(spec.stage), h);
+    h = fnv1aInt(spec.layer, h);
   }
   return h;
 }

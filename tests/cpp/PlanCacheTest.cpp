@@ -8,6 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <utility>
+
 #include "TestModels.h"
 
 namespace hotswitch {
@@ -75,6 +80,48 @@ TEST(WorldOnePlanTest, EveryPlacementPairOfLlama7bCopiesItsBytesOnce) {
       for (const BufferSpec& b : cached->plan.dstBuffers[0]) dstBytes += b.numel() * elementSize(b.dtype);
       EXPECT_EQ(dstBytes, totalBytes(set)) << pairName(from, to);
     }
+  }
+}
+
+// The cache's key: equal sets hash alike, and a change of any one field of any spec (or of
+// the layer count, or of the specs' order) changes the hash.
+TEST(TensorSetFingerprintTest, FollowsEveryField) {
+  const TensorSet base = transformerSet(2, 8, /*tied=*/false, DType::kBFloat16);
+  EXPECT_EQ(base.fingerprint(), transformerSet(2, 8, false, DType::kBFloat16).fingerprint());
+  ASSERT_GE(base.specs.size(), 4u);
+  std::vector<std::pair<std::string, TensorSet>> changed;
+  auto change = [&](const std::string& what, const std::function<void(TensorSet&)>& edit) {
+    TensorSet set = base;
+    edit(set);
+    changed.emplace_back(what, set);
+  };
+  int fused = -1;
+  for (size_t i = 0; i < base.specs.size(); ++i) {
+    if (base.specs[i].rule == ShardRule::kFusedColumn) fused = static_cast<int>(i);
+  }
+  ASSERT_GE(fused, 0);
+  int layer = 1;  // a layer's spec
+  while (base.specs[layer].stage != StageRole::kLayer) ++layer;
+  change("num_layers", [](TensorSet& s) { s.numLayers += 1; });
+  change("name", [](TensorSet& s) { s.specs[1].name += "x"; });
+  change("shape", [](TensorSet& s) { s.specs[1].shape[0] += 1; });
+  change("rank", [](TensorSet& s) { s.specs[1].shape.push_back(1); });
+  change("dtype", [](TensorSet& s) { s.specs[1].dtype = DType::kFloat32; });
+  change("rule", [](TensorSet& s) { s.specs[1].rule = s.specs[1].rule == ShardRule::kRow ? ShardRule::kColumn
+                                                                                          : ShardRule::kRow; });
+  change("groups", [&](TensorSet& s) { std::reverse(s.specs[fused].groups.begin(), s.specs[fused].groups.end());
+                                       s.specs[fused].groups[0] += 1; s.specs[fused].groups[1] -= 1; });
+  change("stage", [&](TensorSet& s) { s.specs[layer].stage = StageRole::kFirstAndLast; });
+  change("layer", [&](TensorSet& s) { s.specs[layer].layer = 1 - s.specs[layer].layer; });
+  change("order", [](TensorSet& s) { std::swap(s.specs[1], s.specs[2]); });
+  change("a name's end moved into the next", [](TensorSet& s) {
+    s.specs[1].name += s.specs[2].name.substr(0, 1);
+    s.specs[2].name = s.specs[2].name.substr(1);
+  });
+  std::set<uint64_t> seen{base.fingerprint()};
+  for (const auto& [what, set] : changed) {
+    EXPECT_NE(set.fingerprint(), base.fingerprint()) << what;
+    EXPECT_TRUE(seen.insert(set.fingerprint()).second) << what << " hashes like another change";
   }
 }
 
