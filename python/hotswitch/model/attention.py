@@ -355,8 +355,10 @@ def flex_document_mask(q_ids: torch.Tensor, q_pos: torch.Tensor, k_ids: torch.Te
 
 
 def _causal_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention of ``[B, h, n, d]`` blocks (k, v already expanded to h heads)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """Causal attention of ``[B, h, n, d]`` query blocks over ``[B, g, n, d]`` key and value
+    blocks (``h`` a multiple of ``g``: grouped-query attention, K/V never repeated)."""
+    gqa = True if q.shape[1] != k.shape[1] else False  # a bool, also where torch.compile sees symbolic heads
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
 # ----------------------------------------------------------------------------- packs
@@ -502,13 +504,9 @@ class PackAttention:
 
 
 def _grouped(q, k, v, groups: LengthGroups):
-    repeat = q.shape[1] // k.shape[1]
     outs = []
     for index in groups.groups:
-        qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))  # [B, h, n, d]
-        if repeat > 1:
-            kb = kb.repeat_interleave(repeat, dim=1)
-            vb = vb.repeat_interleave(repeat, dim=1)
+        qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))  # [B, heads, n, d]
         ob = _causal_blocks(qb, kb, vb)
         outs.append(ob.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2]))
     return torch.cat(outs).index_select(0, groups.inverse)
