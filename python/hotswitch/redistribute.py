@@ -332,8 +332,8 @@ def switch(
     if dst_kind == "zero":
         out: Shards = new_buffers[0]
     else:
-        names = tensor_set.specs
-        out = {names[t].name: buf.view(shape) for (t, shape, _), buf in zip(specs, new_buffers)}
+        set_specs = tensor_set.specs  # (a new list of every spec at each access: read once)
+        out = {set_specs[t].name: buf.view(shape) for (t, shape, _), buf in zip(specs, new_buffers)}
     _log.debug("rank %d: %s -> %s sent %d B in %.3f ms", rank, src, dst, info["bytes_sent"], info["seconds"] * 1e3)
     return SwitchResult(
         shards=out,
