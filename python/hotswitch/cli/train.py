@@ -815,8 +815,8 @@ def dry_run(args: argparse.Namespace, config: TransformerConfig, settings: Runti
         chosen, planner, refused = keep_graph_layouts(planned, names[home], check)
     else:
         planner = planner_with(graphs)
-    if entries is not None:  # the runtime runs the fixed plan; refused as it refuses one no layout holds
-        planner.check_fixed_plan(entries)
+        if entries is not None:  # the runtime runs the fixed plan; refused as it refuses one no layout holds
+            planner.check_fixed_plan(entries)
     print(f"dry run: {world} GPUs ({topology.ranks_per_node} per node), hardware {hardware.name}, "
           f"{hardware.memory_bytes / 2**30:.2f} GiB per GPU, {len(candidates)} candidate layouts, home {names[home]}",
           flush=True)
